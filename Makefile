@@ -1,0 +1,29 @@
+# Quick start:  make example   (the main job on the bundled example)
+#               make test      (the whole test suite)
+# Both create .venv and install everything they need on first use (Python 3.11, no GPU needed).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dsdoctor-installed
+
+.PHONY: example test test-fast clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -e .
+	touch $(STAMP)
+
+example: $(STAMP)
+	$(BIN)/dsdoctor diagnose --out dsdoctor-out
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not deepspeed"
+
+clean:
+	rm -rf $(VENV) dsdoctor-out

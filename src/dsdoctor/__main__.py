@@ -1,0 +1,3 @@
+from dsdoctor.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The thin shell: each module validates flags, makes one library call, renders the result."""

@@ -1,0 +1,41 @@
+"""Flags shared by several commands, and the one way results are written."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dsdoctor.i18n import LANGS, default_lang
+from dsdoctor.report.render import FORMATS, render
+
+
+def add_command(sub, name: str, help: str, examples: str, description: str | None = None):
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description or help,
+        epilog="examples:\n" + examples.rstrip() + "\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_output_flags(p, fail_on: bool = True, formats=FORMATS):
+    p.add_argument("--format", choices=formats, default="text", help="output format (default: text)")
+    p.add_argument("--lang", choices=LANGS, default=None, help="language of messages (default: from the locale)")
+    if fail_on:
+        p.add_argument(
+            "--fail-on", choices=("error", "warning", "info"), default="error",
+            help="exit 1 when a finding is at or above this severity (default: error)",
+        )
+
+
+def lang_of(args) -> str:
+    return getattr(args, "lang", None) or default_lang()
+
+
+def emit(result, args) -> None:
+    sys.stdout.write(render(result, args.format, lang_of(args), sys.stdout))
+    sys.stdout.flush()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

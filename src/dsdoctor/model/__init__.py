@@ -1,0 +1,1 @@
+"""What a model is, from its config.json alone: sizes and parameter counts (no torch needed)."""

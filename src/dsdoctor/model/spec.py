@@ -1,0 +1,137 @@
+"""A model's shape from a local Hugging Face ``config.json`` (a directory or the file), without torch.
+
+Parameter counts here come from formulas for decoder-only transformers (Llama, Mistral, Qwen2, Gemma,
+...). ``dsdoctor.model.exact`` replaces them with exact counts from the model built on the meta device when
+torch and transformers are installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dsdoctor.errors import InputError
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+_DTYPE_NAMES = {
+    "float32": "fp32", "float": "fp32", "fp32": "fp32",
+    "bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "half": "fp16", "fp16": "fp16",
+}
+
+
+def normalize_dtype(name: str | None) -> str | None:
+    if name is None:
+        return None
+    key = str(name).replace("torch.", "").lower()
+    return _DTYPE_NAMES.get(key)
+
+
+@dataclass
+class ModelSpec:
+    path: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    dtype: str | None  # the checkpoint's dtype per config.json, normalized (bf16, fp16, fp32) or None
+    max_position_embeddings: int | None = None
+    sliding_window: int | None = None
+    num_experts: int = 0
+    raw: dict = field(default_factory=dict, repr=False)
+    # filled by estimate_params(), replaced by exact counts when available
+    num_params: int = 0
+    embedding_params: int = 0
+    per_layer_params: int = 0
+    largest_param_numel: int = 0
+    counted_by: str = "formula"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+
+def _find_config(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise InputError("no config.json found", path=p, hint="pass a local model directory or its config.json")
+    return p
+
+
+def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
+    p = _find_config(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError("is not UTF-8 text", path=p) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=p) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path=p) from None
+    if not isinstance(data, dict):
+        raise InputError("config.json must hold a JSON object", path=p)
+    return p, data
+
+
+def _int(cfg: dict, path: Path, *keys, default=None):
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"{k} must be a non-negative integer, not {v!r}", path=path)
+            return v
+    if default is None:
+        raise InputError(f"missing {keys[0]}: not a decoder language-model config", path=path)
+    return default
+
+
+def load_model_spec(path: str | os.PathLike) -> ModelSpec:
+    p, cfg = read_config_json(path)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    hidden = _int(text, p, "hidden_size", "n_embd", "d_model")
+    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads")
+    spec = ModelSpec(
+        path=str(p),
+        model_type=str(cfg.get("model_type", "unknown")),
+        hidden_size=hidden,
+        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers"),
+        num_heads=heads,
+        num_kv_heads=_int(text, p, "num_key_value_heads", "num_kv_heads", default=heads),
+        head_dim=_int(text, p, "head_dim", default=hidden // max(heads, 1)),
+        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
+        vocab_size=_int(text, p, "vocab_size"),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        dtype=normalize_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype")),
+        max_position_embeddings=text.get("max_position_embeddings"),
+        sliding_window=text.get("sliding_window") if isinstance(text.get("sliding_window"), int) else None,
+        num_experts=int(text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0),
+        raw=cfg,
+    )
+    estimate_params(spec)
+    return spec
+
+
+def estimate_params(spec: ModelSpec) -> ModelSpec:
+    """Formula counts for a gated-MLP decoder (Llama family); close for most decoder-only LLMs."""
+    h, hd = spec.hidden_size, spec.head_dim
+    attn = h * spec.num_heads * hd * 2 + h * spec.num_kv_heads * hd * 2
+    mlp_one = 3 * h * spec.intermediate_size
+    experts = max(spec.num_experts, 1)
+    mlp = mlp_one * experts + (h * spec.num_experts if spec.num_experts else 0)  # + router
+    norms = 2 * h
+    spec.per_layer_params = attn + mlp + norms
+    spec.embedding_params = spec.vocab_size * h
+    lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
+    spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
+    spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
+    spec.counted_by = "formula"
+    return spec

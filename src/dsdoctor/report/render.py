@@ -1,0 +1,101 @@
+"""Renderers shared by every result type.
+
+A result type is a small dataclass with ``to_dict(lang)``, ``to_text(lang, style)`` and
+``to_markdown(lang)``. These helpers render the parts that every result has: findings and tables.
+Results go to stdout; logs and hints to stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from dsdoctor.findings import Finding, sort_findings
+
+FORMATS = ("text", "json", "markdown")
+
+
+@dataclass(frozen=True)
+class Style:
+    """Glyphs, with an ASCII fallback for consoles that cannot encode them (GBK/cp936, latin-1)."""
+
+    error: str = "✗"
+    warning: str = "⚠"
+    info: str = "ℹ"
+    ok: str = "✓"
+    arrow: str = "→"
+
+    @classmethod
+    def for_stream(cls, stream=None) -> "Style":
+        stream = stream or sys.stdout
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            "✗⚠ℹ✓→".encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            return ASCII
+        return cls()
+
+
+ASCII = Style(error="x", warning="!", info="i", ok="ok", arrow="->")
+
+
+def to_json(data) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
+
+
+def findings_text(findings: list[Finding], lang: str, style: Style) -> str:
+    if not findings:
+        return f"{style.ok} " + ("no findings" if lang == "en" else "没有发现问题") + "\n"
+    lines = []
+    for f in sort_findings(findings):
+        sev = f.effective_severity
+        glyph = getattr(style, sev)
+        lines.append(f"{glyph} {f.code} [{sev}] {f.message(lang)}")
+        lines.append(f"    {style.arrow} {f.fix(lang)}")
+    hint = "details: dsdoctor explain CODE" if lang == "en" else "详细说明: dsdoctor explain CODE"
+    lines.append(hint)
+    return "\n".join(lines) + "\n"
+
+
+def findings_markdown(findings: list[Finding], lang: str) -> str:
+    if not findings:
+        return "_" + ("No findings." if lang == "en" else "没有发现问题。") + "_\n"
+    head = ("Code", "Severity", "Finding", "Fix") if lang == "en" else ("代码", "级别", "问题", "修复")
+    rows = [(f.code, f.effective_severity, f.message(lang), f.fix(lang)) for f in sort_findings(findings)]
+    return markdown_table(head, rows)
+
+
+def _md_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(head, rows) -> str:
+    out = ["| " + " | ".join(_md_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def text_table(head, rows) -> str:
+    """Aligned plain-text table (East Asian wide characters counted as two columns)."""
+    import unicodedata
+
+    def width(s: str) -> int:
+        return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in s)
+
+    cells = [[str(c) for c in head]] + [[str(c) for c in r] for r in rows]
+    widths = [max(width(row[i]) for row in cells) for i in range(len(head))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c + " " * (widths[i] - width(c)) for i, c in enumerate(row)).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+def render(result, fmt: str, lang: str, stream=None) -> str:
+    """The text of ``result`` in ``fmt``."""
+    if fmt == "json":
+        return to_json(result.to_dict(lang))
+    if fmt == "markdown":
+        return result.to_markdown(lang)
+    return result.to_text(lang, Style.for_stream(stream))

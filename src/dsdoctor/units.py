@@ -1,0 +1,44 @@
+"""Byte sizes: parse '80GiB', '5GB', '1.5e9'; print 12.3 GiB."""
+from __future__ import annotations
+
+import re
+
+from dsdoctor.errors import InputError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str | int | float, what: str = "size") -> int:
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise InputError(f"{what} must not be negative: {text}")
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise InputError(f"{what} {text!r} is not a size like 80GiB, 80GB or 5e9")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def human_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.1f} TiB"
+
+
+def human_count(n: float | int | None) -> str:
+    if n is None:
+        return "-"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f}{suffix}"
+    return str(int(n))

@@ -1,0 +1,65 @@
+"""Shared test helpers: run the real CLI, write tiny models, launch real DeepSpeed ranks on the CPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "src" / "dsdoctor" / "examples"
+CORPUS = ROOT.parent / "shared" / "corpus" / "ds_configs"
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def write_model_config(directory: Path, **overrides) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = dict(TINY_LLAMA, **overrides)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    return directory
+
+
+def run_cli(*args: str, env: dict | None = None, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m dsdoctor ARGS`` as a real process."""
+    full_env = dict(os.environ, PYTHONIOENCODING="utf-8", LANG="C.UTF-8")
+    full_env.pop("DSDOCTOR_DEBUG", None)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "dsdoctor", *map(str, args)],
+        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout,
+    )
+
+
+def deepspeed_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    if extra:
+        env.update(extra)
+    return env
+
+
+def deepspeed_launch(script: Path, *args: str, nprocs: int = 2, timeout: float = 300, cwd=None,
+                     env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``deepspeed --num_gpus N script ARGS`` with real ranks on the CPU accelerator."""
+    launcher = Path(sys.executable).parent / "deepspeed"
+    cmd = [str(launcher), "--num_gpus", str(nprocs), str(script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(env), cwd=cwd, timeout=timeout)
