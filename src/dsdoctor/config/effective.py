@@ -68,6 +68,13 @@ OFFLOAD_OPTIMIZER_FIELDS = frozenset({
     "buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path", "pin_memory", "pipeline_read",
     "pipeline_write", "ratio", "super_offload",
 })
+FP16_FIELDS = frozenset({
+    "auto_cast", "consecutive_hysteresis", "enabled", "fp16_master_weights_and_grads", "hysteresis",
+    "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale",
+})
+BF16_FIELDS = frozenset({
+    "bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow", "enabled", "immediate_grad_update",
+})
 # top-level keys that DeepSpeed 0.19.8 rejects outright (runtime/config.py _REMOVED_TOP_LEVEL_CONFIG_KEYS)
 REMOVED_TOP_LEVEL_KEYS = frozenset({
     "nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
@@ -339,7 +346,7 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
                 offload_optimizer.device, offload_optimizer.present = "cpu", True
                 values["offload_optimizer.device"] = Value(zw + "cpu_offload", SET, zero["cpu_offload"], "cpu", "none")
 
-    dtype = _dtype(raw, values, hf)
+    dtype = _dtype(raw, values, hf, invalid)
     tp_size, tp_source = _tensor_parallel(raw, values)
 
     opt = raw.get("optimizer")
@@ -442,12 +449,32 @@ def _offload(zero: dict | None, name: str, values: dict, invalid: list, *, param
     return off
 
 
-def _dtype(raw: dict, values: dict, hf: bool) -> str:
+_PRECISION_TYPES = {"loss_scale": "float", "initial_scale_power": "int", "loss_scale_window": "int",
+                    "hysteresis": "int", "min_loss_scale": "int"}
+
+
+def _dtype(raw: dict, values: dict, hf: bool, invalid: list) -> str:
     """fp16 / bf16 sections as DeepSpeed reads them (``bf16``, else the old ``bfloat16`` spelling)."""
     enabled = {}
     for name, keys in (("fp16", ("fp16",)), ("bf16", ("bf16", "bfloat16"))):
         key = next((k for k in keys if raw.get(k) is not None), keys[0])
         section = _section(raw, key, "")
+        allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
+        for k in section or ():
+            if k not in allowed:
+                invalid.append((f"{key}.{k}", f"unknown key: the {name} config forbids extra keys and raises a "
+                                              "ValidationError"))
+            elif k != "enabled" and section[k] != AUTO:
+                kind = _PRECISION_TYPES.get(k, "bool")
+                try:
+                    if kind == "int":
+                        _as_int(f"{key}.{k}", section[k], minimum=-(2**63))
+                    elif kind == "bool":
+                        _as_bool(f"{key}.{k}", section[k])
+                    elif isinstance(section[k], bool) or not isinstance(section[k], (int, float)):
+                        raise _bad(f"{key}.{k}", f"must be a number, not {section[k]!r}")
+                except InputError as exc:
+                    invalid.append((f"{key}.{k}", exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
         v = _read(section, ("enabled",), f"{key}.", _as_bool, False, canonical="enabled")
         if hf and v.state == AUTO:
             v.value = None
