@@ -31,9 +31,10 @@ def only(result, code):
 # (code, config, check kwargs, substrings of the English message, substrings of the Chinese message)
 CASES = [
     ("DSD101", dict(CLEAN, optimizer={"type": "AdamW", "params": {"lr": 1e-5}}), {"model": True},
-     ["optimizer section (AdamW)", "host/rank", "GPU reduce bucket"], ["optimizer 段（AdamW）"]),
-    ("DSD102", z3(offload_optimizer={"device": "cpu"}), {},
-     ["offload_optimizer.device = cpu", "unused without an optimizer"], ["offload_optimizer.device = cpu"]),
+     ["optimizer section (AdamW)", "MiB of extra host memory per rank", "GPU reduce bucket"],
+     ["optimizer 段（AdamW）", "MiB 主机内存"]),
+    ("DSD102", dict(z3(offload_optimizer={"device": "cpu"}), optimizer={"type": "Adam"}), {"model": True},
+     ["offload_optimizer.device = cpu", "MiB of fp32 master weights per node go to cpu"], ["MiB 的 fp32 主权重"]),
     ("DSD103", dict(z3(), tensor_parallel={"autotp_size": 2}), {},
      ["ZeRO stage 3", "tensor_parallel.autotp_size = 2"], ["张量并行（tensor_parallel.autotp_size = 2）"]),
     ("DSD104", {"mp_size": 2, "replace_with_kernel_inject": True, "zero_optimization": {"stage": 3}}, {},
@@ -92,6 +93,12 @@ def test_training_mode_turns_off_inference_findings():
     assert codes.get("DSD105") == "info"
     inference = {f.code for f in check(cfg).findings}
     assert {"DSD101", "DSD102", "DSD105", "DSD112"} <= inference
+
+
+def test_offload_optimizer_without_optimizer_is_a_training_only_key():
+    result = check(z3(offload_optimizer={"device": "cpu"}))
+    assert "DSD102" not in {f.code for f in result.findings}
+    assert "zero_optimization.offload_optimizer" in only(result, "DSD112").message("en")
 
 
 def test_dsd105_is_an_error_when_something_crashes_and_a_warning_otherwise():

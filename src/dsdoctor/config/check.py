@@ -94,7 +94,9 @@ class CheckResult:
             ("ZeRO stage", e.zero_stage, hfv("zero_stage")),
             ("offload_param", off(e.offload_param), ""),
             ("offload_optimizer", off(e.offload_optimizer), ""),
-            ("dtype", e.dtype, _dtype_hf(h)),
+            ("dtype", e.dtype if e.dtype != "fp32" else ("fp32 (不转换，保持加载时的 dtype)" if zh else
+                                                         "fp32 (no cast: weights keep their loaded dtype)"),
+             _dtype_hf(h)),
             ("tensor parallel", f"{e.tp_size}" + (f" ({e.tp_source})" if e.tp_source else ""), ""),
             ("optimizer", e.optimizer_type or ("yes" if e.has_optimizer else "none"), ""),
             ("scheduler", e.scheduler_type or ("yes" if e.has_scheduler else "none"), ""),
@@ -146,7 +148,7 @@ class CheckResult:
 def _dtype_hf(h: Effective) -> str:
     f, b = h.values["fp16.enabled"], h.values["bf16.enabled"]
     if f.value is None or b.value is None:
-        return "from --bf16/--fp16 (auto)"
+        return "--bf16/--fp16 (auto)"
     return ""
 
 
@@ -229,26 +231,18 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     # DSD101: optimizer at inference
     if infer and eff.has_optimizer:
         bucket = eff.reduce_bucket_size * eb
-        if spec:
-            host = OPTIMIZER_BYTES_PER_PARAM * spec.num_params
-            cost = f"~{human_bytes(host)} host/rank + {human_bytes(bucket)} GPU reduce bucket"
-        else:
-            host = None
-            cost = f"~{OPTIMIZER_BYTES_PER_PARAM} B/param host/rank + {human_bytes(bucket)} GPU reduce bucket"
+        host = OPTIMIZER_BYTES_PER_PARAM * spec.num_params if spec else None
+        host_text = human_bytes(host) if spec else f"{OPTIMIZER_BYTES_PER_PARAM} B/param"
         found.append(Finding("DSD101", {
-            "optimizer": eff.optimizer_type or "optimizer", "cost": cost, "config": name,
+            "optimizer": eff.optimizer_type or "optimizer", "host": host_text, "bucket": human_bytes(bucket),
+            "cost": f"~{host_text} host/rank + {human_bytes(bucket)} GPU reduce bucket", "config": name,
             "host_bytes_per_rank": host, "gpu_bucket_bytes": bucket,
         }))
 
     # DSD102: offload_optimizer at inference
-    if infer and eff.offload_optimizer.enabled:
-        if eff.has_optimizer and spec:
-            cost = f"~{human_bytes(4 * spec.num_params)} fp32 master weights per node"
-        elif eff.has_optimizer:
-            cost = "~4 B/param fp32 master weights per node"
-        else:
-            cost = "unused without an optimizer"
-        found.append(Finding("DSD102", {"device": eff.offload_optimizer.device, "cost": cost}))
+    if infer and eff.offload_optimizer.enabled and eff.has_optimizer:  # without an optimizer: DSD112
+        master = human_bytes(4 * spec.num_params) if spec else "4 B/param"
+        found.append(Finding("DSD102", {"device": eff.offload_optimizer.device, "master": master}))
 
     # DSD103: ZeRO-3 + tensor parallelism
     tp_size, tp_source = eff.tp_size, eff.tp_source
@@ -295,7 +289,7 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     op = eff.offload_param
     if op.enabled and op.pin_memory and eff.zero_stage == 3:
         if op.device == "cpu":
-            pinned = human_bytes(spec.num_params * eb) if spec else "all weights"
+            pinned = human_bytes(spec.num_params * eb) if spec else f"{eb} B/param"
         else:
             per_rank = op.buffer_count * op.buffer_size * eb
             pinned = f"{human_bytes(per_rank)}/rank"
@@ -316,7 +310,7 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
                 if spec:
                     nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb)
                 else:
-                    nbytes = f"every parameter under {human_count(v.value)} elements"
+                    nbytes = f"params < {human_count(v.value)} elements"
             else:
                 limit = v.value if not spec else min(v.value, spec.num_params)
                 nbytes = human_bytes(limit * eb)
@@ -337,6 +331,8 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     # DSD112: training-only keys
     if infer:
         present = training_only_keys(raw)
+        if eff.offload_optimizer.present and not eff.has_optimizer:
+            present.append("zero_optimization.offload_optimizer")
         if present:
             found.append(Finding("DSD112", {"count": len(present), "keys": ", ".join(present), "config": name}))
 

@@ -10,8 +10,9 @@ rule(
     "DSD101", "optimizer-in-inference", "error",
     message={
         "en": "optimizer section ({optimizer}) in an inference config: deepspeed.initialize builds a ZeRO optimizer "
-              "that allocates {cost}",
-        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，额外分配 {cost}",
+              "that takes about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
+        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用约 "
+              "{host} 主机内存，外加 {bucket} 的 GPU reduce bucket",
     },
     fix={
         "en": "Delete the optimizer and scheduler sections: dsdoctor split {config} -o ds_infer.json",
@@ -63,10 +64,10 @@ Use instead
 rule(
     "DSD102", "offload-optimizer-in-inference", "warning",
     message={
-        "en": "zero_optimization.offload_optimizer.device = {device} in an inference config: optimizer state is "
-              "offloaded ({cost}) although inference has no optimizer step",
+        "en": "zero_optimization.offload_optimizer.device = {device} in an inference config: inference has no "
+              "optimizer step, yet {master} of fp32 master weights per node go to {device}",
         "zh": "推理配置中 zero_optimization.offload_optimizer.device = {device}：推理没有优化器更新，"
-              "却仍卸载优化器状态（{cost}）",
+              "却仍有每节点 {master} 的 fp32 主权重被卸载到 {device}",
     },
     fix={
         "en": "Delete zero_optimization.offload_optimizer (keep offload_param if you need to save GPU memory)",
