@@ -1,0 +1,372 @@
+"""``dsdoctor check``: the effective settings of a DeepSpeed config and what is wrong with them.
+
+config -> ``load_config`` -> ``effective_settings`` (raw DeepSpeed and HF Trainer readings) -> detectors ->
+``CheckResult``. Detectors only append ``Finding``s; nothing is raised for a finding. Torch-free.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
+from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
+from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.split_table import TRAINING_ONLY
+from dsdoctor.errors import InputError
+from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.units import human_bytes, human_count
+
+MODES = ("inference", "training")
+OPTIMIZER_BYTES_PER_PARAM = 16  # measured: extra host memory per parameter per rank (FACTS.md)
+
+# keys only deepspeed.init_inference (DeepSpeedInferenceConfig) understands
+INIT_INFERENCE_KEYS = frozenset({
+    "mp_size", "replace_with_kernel_inject", "kernel_inject", "injection_policy", "injection_dict",
+    "enable_cuda_graph", "replace_method", "max_out_tokens", "max_tokens", "min_out_tokens", "min_tokens",
+    "use_triton", "triton_autotune", "triangular_masking", "return_tuple", "save_mp_checkpoint_path",
+    "keep_module_on_host", "set_empty_params", "training_mp_size", "transposed_mode", "dtype", "tp", "moe",
+    "quant", "injection_policy_tuple", "base_dir", "checkpoint_config", "ckpt_config", "ep_size", "moe_experts",
+})
+# every key DeepSpeedInferenceConfig accepts (fields and aliases); anything else makes it raise
+INIT_INFERENCE_ALL_KEYS = INIT_INFERENCE_KEYS | {
+    "checkpoint", "config", "ep_group", "ep_mp_group", "expert_group", "expert_mp_group", "moe_type", "mpu",
+    "tensor_parallel", "zero", "args", "tm",
+}
+
+
+@dataclass
+class CheckResult:
+    config: str
+    kind: str
+    mode: str
+    effective: Effective  # raw deepspeed.initialize
+    hf_trainer: Effective  # as the HF Trainer / accelerate fill it
+    findings: list[Finding]
+    model: dict | None = None
+    gpus: int | None = None
+    tp: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self, lang: str = "en") -> dict:
+        eff = self.effective.to_dict()
+        eff.pop("values")
+        hf = self.hf_trainer.to_dict()
+        differs = {k: {"deepspeed": v.value, "hf_trainer": self.hf_trainer.values[k].value, "key": v.key,
+                       "state": v.state, "note": self.hf_trainer.values[k].note}
+                   for k, v in self.effective.values.items()
+                   if k in self.hf_trainer.values and v.value != self.hf_trainer.values[k].value}
+        hf.pop("values")
+        return {
+            "config": self.config, "kind": self.kind, "mode": self.mode, "model": self.model,
+            "gpus": self.gpus, "tp": self.tp,
+            "effective": eff, "hf_trainer": hf, "readings_differ": differs,
+            "values": {k: v.to_dict() for k, v in self.effective.values.items()},
+            "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
+            "notes": self.notes,
+        }
+
+    def _rows(self, lang: str):
+        e, h = self.effective, self.hf_trainer
+        zh = lang == "zh"
+
+        def off(o):
+            if o.device == "none":
+                return "none"
+            extra = f"pin_memory={str(o.pin_memory).lower()}"
+            if o.device == "nvme":
+                extra += f", nvme_path={o.nvme_path}"
+            return f"{o.device} ({extra})"
+
+        def show(v):
+            if v is None:
+                return "?" if not zh else "?"
+            return human_count(v) if isinstance(v, int) and v >= 10_000 else str(v)
+
+        def hfv(key, fmt=show):
+            dv, hv = e.values.get(key), h.values.get(key)
+            if dv is None or hv is None or dv.value == hv.value:
+                return ""
+            return fmt(hv.value) if hv.value is not None else hv.note
+
+        rows = [
+            ("ZeRO stage", e.zero_stage, hfv("zero_stage")),
+            ("offload_param", off(e.offload_param), ""),
+            ("offload_optimizer", off(e.offload_optimizer), ""),
+            ("dtype", e.dtype if e.dtype != "fp32" else ("fp32 (不转换，保持加载时的 dtype)" if zh else
+                                                         "fp32 (no cast: weights keep their loaded dtype)"),
+             _dtype_hf(h)),
+            ("tensor parallel", f"{e.tp_size}" + (f" ({e.tp_source})" if e.tp_source else ""), ""),
+            ("optimizer", e.optimizer_type or ("yes" if e.has_optimizer else "none"), ""),
+            ("scheduler", e.scheduler_type or ("yes" if e.has_scheduler else "none"), ""),
+        ]
+        if e.zero_stage == 3:
+            rows += [
+                ("stage3_prefetch_bucket_size", show(e.prefetch_bucket_size), hfv("prefetch_bucket_size")),
+                ("stage3_param_persistence_threshold", show(e.param_persistence_threshold),
+                 hfv("param_persistence_threshold")),
+                ("stage3_max_live_parameters", show(e.max_live_parameters), hfv("max_live_parameters")),
+            ]
+        if e.has_optimizer or e.zero_stage in (1, 2):
+            rows.append(("reduce_bucket_size", show(e.reduce_bucket_size), hfv("reduce_bucket_size")))
+        mb = e.values.get("train_micro_batch_size_per_gpu")
+        if mb is not None:
+            rows.append(("train_micro_batch_size_per_gpu",
+                         "auto -> TypeError" if mb.state == AUTO else (mb.value if mb.value is not None else "unset"),
+                         "TrainingArguments" if mb.state == AUTO else ""))
+        return rows
+
+    def _head(self, lang: str) -> list[str]:
+        zh = lang == "zh"
+        lines = [f"{'配置' if zh else 'config'}: {self.config} ({self.kind}), {'模式' if zh else 'mode'}: {self.mode}"]
+        if self.model:
+            m = self.model
+            lines.append(f"{'模型' if zh else 'model'}: {m['path']} ({human_count(m['num_params'])} params, "
+                         f"{m['dtype'] or '?'})")
+        return lines
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        zh = lang == "zh"
+        out = "\n".join(self._head(lang)) + "\n\n"
+        head = ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处") if zh else (
+            "setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different")
+        out += text_table(head, self._rows(lang)) + "\n"
+        for note in self.notes:
+            out += f"{style.info} {note}\n"
+        return out + findings_text(self.findings, lang, style)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        zh = lang == "zh"
+        out = "### dsdoctor check\n\n" + "".join(f"- {line}\n" for line in self._head(lang)) + "\n"
+        head = ("设置", "实际生效", "HF Trainer") if zh else ("Setting", "Effective", "HF Trainer, where different")
+        out += markdown_table(head, self._rows(lang)) + "\n"
+        return out + findings_markdown(self.findings, lang)
+
+
+def _dtype_hf(h: Effective) -> str:
+    f, b = h.values["fp16.enabled"], h.values["bf16.enabled"]
+    if f.value is None or b.value is None:
+        return "--bf16/--fp16 (auto)"
+    return ""
+
+
+def check(config, mode: str = "inference", model: str | os.PathLike | None = None, gpus: int | None = None,
+          tp: int | None = None) -> CheckResult:
+    """Check a DeepSpeed config (path, dict or LoadedConfig) for ``mode`` ("inference" or "training")."""
+    if mode not in MODES:
+        raise InputError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    for name, v in (("--gpus", gpus), ("--tp", tp)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"{name} must be a positive integer, not {v!r}")
+    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+    spec = load_model_spec(model) if model is not None else None
+    eff, hf = read_both(loaded, spec)
+    if gpus is None:
+        gpus = loaded.num_processes
+    findings = detect(loaded, eff, hf, mode=mode, spec=spec, gpus=gpus, tp=tp)
+    return CheckResult(
+        config=loaded.name, kind=loaded.kind, mode=mode, effective=eff, hf_trainer=hf, findings=findings,
+        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
+    )
+
+
+def read_both(loaded: LoadedConfig, spec: ModelSpec | None) -> tuple[Effective, Effective]:
+    """Both readings, with the file named in any error."""
+    try:
+        eff = effective_settings(loaded.raw, "deepspeed")
+        hf = effective_settings(loaded.raw, "hf-trainer", hidden_size=spec.hidden_size if spec else None)
+    except InputError as exc:
+        if exc.path is None:
+            raise InputError(exc.problem, path=loaded.ref_path or loaded.path, hint=exc.hint) from None
+        raise
+    return eff, hf
+
+
+def _model_summary(spec: ModelSpec | None) -> dict | None:
+    if spec is None:
+        return None
+    return {"path": spec.path, "model_type": spec.model_type, "num_params": spec.num_params, "dtype": spec.dtype,
+            "hidden_size": spec.hidden_size, "counted_by": spec.counted_by}
+
+
+def _elem_bytes(eff: Effective, spec: ModelSpec | None) -> int:
+    if eff.dtype in ("bf16", "fp16"):
+        return DTYPE_BYTES[eff.dtype]
+    if spec and spec.dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[spec.dtype]
+    return 2
+
+
+def param_numels(spec: ModelSpec) -> list[int]:
+    """Every parameter tensor's element count for a Llama-shaped decoder (for the persistence threshold)."""
+    h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    layer = [h * spec.num_heads * hd, h * spec.num_kv_heads * hd, h * spec.num_kv_heads * hd, spec.num_heads * hd * h]
+    layer += [h * inter] * 3 * max(spec.num_experts, 1)
+    if spec.num_experts:
+        layer.append(h * spec.num_experts)
+    layer += [h, h]
+    out = [spec.vocab_size * h] + layer * spec.num_layers + [h]
+    if not spec.tie_word_embeddings:
+        out.append(spec.vocab_size * h)
+    return out
+
+
+def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "inference",
+           spec: ModelSpec | None = None, gpus: int | None = None, tp: int | None = None) -> list[Finding]:
+    """All DSD1xx findings for one config. Other packages call this with a LoadedConfig they already have."""
+    infer = mode == "inference"
+    raw = loaded.raw
+    name = loaded.path or "ds_config.json"
+    found: list[Finding] = []
+    eb = _elem_bytes(eff, spec)
+
+    if loaded.ref_missing:
+        found.append(Finding("DSD113", {"ref": loaded.ref_path, "yaml": loaded.path}))
+
+    for key, why in eff.invalid_keys:
+        found.append(Finding("DSD114", {"key": key, "why": why}))
+
+    # DSD101: optimizer at inference
+    if infer and eff.has_optimizer:
+        bucket = eff.reduce_bucket_size * eb
+        host = OPTIMIZER_BYTES_PER_PARAM * spec.num_params if spec else None
+        host_text = human_bytes(host) if spec else f"{OPTIMIZER_BYTES_PER_PARAM} B/param"
+        found.append(Finding("DSD101", {
+            "optimizer": eff.optimizer_type or "optimizer", "host": host_text, "bucket": human_bytes(bucket),
+            "cost": f"~{host_text} host/rank + {human_bytes(bucket)} GPU reduce bucket", "config": name,
+            "host_bytes_per_rank": host, "gpu_bucket_bytes": bucket,
+        }))
+
+    # DSD102: offload_optimizer at inference
+    if infer and eff.offload_optimizer.enabled and eff.has_optimizer:  # without an optimizer: DSD112
+        master = human_bytes(4 * spec.num_params) if spec else "4 B/param"
+        found.append(Finding("DSD102", {"device": eff.offload_optimizer.device, "master": master}))
+
+    # DSD103: ZeRO-3 + tensor parallelism
+    tp_size, tp_source = eff.tp_size, eff.tp_source
+    if tp and tp > tp_size:
+        tp_size, tp_source = tp, "--tp"
+    if infer and eff.zero_stage == 3 and tp_size > 1:
+        found.append(Finding("DSD103", {"stage": eff.zero_stage, "tp_size": tp_size, "source": tp_source}))
+
+    # DSD104: init_inference keys mixed with deepspeed.initialize keys
+    inference_keys = sorted(k for k in raw if k in INIT_INFERENCE_KEYS)
+    tpc = raw.get("tensor_parallel")
+    if isinstance(tpc, dict) and ("tp_size" in tpc or "tp" in tpc) and "autotp_size" not in tpc:
+        inference_keys.append("tensor_parallel.tp_size")
+    if inference_keys:
+        other = sorted(k for k in raw if k not in INIT_INFERENCE_ALL_KEYS and not k.startswith("_"))
+        if other:
+            found.append(Finding("DSD104", {"inference_keys": ", ".join(inference_keys),
+                                            "other_keys": ", ".join(other)}))
+
+    # DSD105: "auto" nothing fills
+    autos = eff.autos
+    if autos:
+        crash = [v for v in autos if v.value is None and v.key.split(".")[0] in
+                 ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "gradient_clipping", "optimizer", "scheduler")]
+        if infer:  # optimizer/scheduler go away with split; still listed, they crash today
+            pass
+        parts = []
+        for v in autos:
+            parts.append(f"{v.key} -> TypeError" if v in crash else f"{v.key} -> {_show(v.value)}")
+        f = Finding("DSD105", {"count": len(autos), "summary": ", ".join(parts), "config": name,
+                               "keys": [v.key for v in autos], "crash_keys": [v.key for v in crash]})
+        if not infer:
+            f.severity = "info"  # training goes through the Trainer/accelerate, which fill them
+        elif crash:
+            f.severity = "error"
+        found.append(f)
+
+    # DSD106: offload_param below stage 3
+    if eff.offload_param.enabled and eff.zero_stage < 3:
+        found.append(Finding("DSD106", {"device": eff.offload_param.device, "stage": eff.zero_stage}))
+
+    # DSD107: pinned host memory
+    op = eff.offload_param
+    if op.enabled and op.pin_memory and eff.zero_stage == 3:
+        if op.device == "cpu":
+            pinned = human_bytes(spec.num_params * eb) if spec else f"{eb} B/param"
+        else:
+            per_rank = op.buffer_count * op.buffer_size * eb
+            pinned = f"{human_bytes(per_rank)}/rank"
+        found.append(Finding("DSD107", {"device": op.device, "pinned": pinned}))
+
+    # DSD108: nvme without a path
+    for section, o in (("offload_param", eff.offload_param), ("offload_optimizer", eff.offload_optimizer)):
+        if o.device == "nvme" and not o.nvme_path and (section == "offload_param" or not infer or eff.has_optimizer):
+            found.append(Finding("DSD108", {"section": section}))
+
+    # DSD109: stage-3 knobs that raise the inference peak
+    if infer and eff.zero_stage == 3:
+        for canonical in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
+            v = eff.values[canonical]
+            if v.value is None or v.value <= v.default:
+                continue
+            if canonical == "param_persistence_threshold":
+                if spec:
+                    nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb)
+                else:
+                    nbytes = f"params < {human_count(v.value)} elements"
+            else:
+                limit = v.value if not spec else min(v.value, spec.num_params)
+                nbytes = human_bytes(limit * eb)
+            found.append(Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),
+                                            "default": human_count(v.default), "bytes": nbytes}))
+
+    # DSD110: fp16 for a bf16 model
+    if spec and spec.dtype == "bf16" and eff.dtype == "fp16":
+        src = eff.values["fp16.enabled"]
+        source = "accelerate mixed_precision: fp16" if loaded.mixed_precision == "fp16" and src.state != "set" \
+            else f"{src.key} = {str(src.raw).lower()}"
+        found.append(Finding("DSD110", {"model_dtype": spec.dtype, "source": source}))
+
+    # DSD111: ZeRO-3 on one GPU without offload
+    if infer and gpus == 1 and eff.zero_stage == 3 and not eff.offload_param.enabled:
+        found.append(Finding("DSD111", {"gpus": gpus}))
+
+    # DSD112: training-only keys
+    if infer:
+        present = training_only_keys(raw)
+        if eff.offload_optimizer.present and not eff.has_optimizer:
+            present.append("zero_optimization.offload_optimizer")
+        if present:
+            found.append(Finding("DSD112", {"count": len(present), "keys": ", ".join(present), "config": name}))
+
+    return sort_findings(found)
+
+
+_ALIAS_TO_CANONICAL = {alias: canonical for canonical, alias in STAGE3_ALIASES.items()}
+
+
+def canonical_key(path: str) -> str:
+    """zero_optimization.stage3_X -> zero_optimization.X (one spelling for table lookups)."""
+    if path.startswith("zero_optimization."):
+        leaf = path.split(".", 1)[1]
+        return "zero_optimization." + _ALIAS_TO_CANONICAL.get(leaf, leaf)
+    if path.startswith("bfloat16."):
+        return "bf16." + path.split(".", 1)[1]
+    return path
+
+
+def training_only_keys(raw: dict) -> list[str]:
+    """Keys of ``raw`` (as written) that the split table marks training-only."""
+    wanted = set(TRAINING_ONLY)
+    out = []
+    for k, v in raw.items():
+        if canonical_key(k) in wanted:
+            out.append(k)
+        if isinstance(v, dict) and k in ("zero_optimization", "fp16", "bf16", "bfloat16"):
+            out += [f"{k}.{sub}" for sub in v if canonical_key(f"{k}.{sub}") in wanted]
+    return out
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    return str(value)

@@ -1,0 +1,319 @@
+"""Read a DeepSpeed config from JSON, HJSON, an accelerate YAML, a trainer YAML or a Python dict.
+
+DeepSpeed parses its config with hjson and raises on duplicate keys; this loader does the same and turns
+every way a file can be bad (missing, a directory, empty, binary, not UTF-8, invalid syntax, duplicate keys,
+not an object, too big) into one ``InputError`` naming the file and the problem.
+
+An accelerate YAML (``accelerate config`` output) is turned into the DeepSpeed dict accelerate itself
+builds (``accelerate.utils.dataclasses.DeepSpeedPlugin.__post_init__``): either the JSON its
+``deepspeed_config_file`` points to, or a dict built from ``zero_stage``, ``offload_*_device``, ... A trainer
+YAML (axolotl, LLaMA-Factory) that names a DeepSpeed JSON in ``deepspeed:`` is followed to that file.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsdoctor.errors import InputError
+
+MAX_BYTES = 10 * 1024 * 1024  # real configs are a few KiB
+YAML_SUFFIXES = (".yaml", ".yml")
+
+KINDS = ("json", "hjson", "yaml", "accelerate-yaml", "trainer-yaml", "dict")
+
+
+@dataclass
+class LoadedConfig:
+    """A config as DeepSpeed will see it.
+
+    ``raw`` is the DeepSpeed config dict (a deep copy: callers may not mutate the input through it).
+    For YAML inputs ``source`` holds the YAML's own fields and ``ref_path`` the DeepSpeed JSON it names;
+    ``ref_missing`` is true when that file does not exist (``raw`` then holds only what the YAML says).
+    """
+
+    path: str | None
+    raw: dict
+    kind: str
+    source: dict | None = None
+    ref_path: str | None = None
+    ref_missing: bool = False
+    num_processes: int | None = None  # accelerate YAML: how many ranks it launches
+    mixed_precision: str | None = None  # accelerate YAML / trainer YAML: "bf16", "fp16", "no"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path or "<dict>"
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path, "kind": self.kind, "ref_path": self.ref_path, "ref_missing": self.ref_missing,
+            "num_processes": self.num_processes, "mixed_precision": self.mixed_precision,
+        }
+
+
+class DuplicateKeyError(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKeyError(f"duplicate key {key!r}")
+        seen[key] = value
+    return seen
+
+
+def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
+    """Load a config file (or take a dict) and return the DeepSpeed dict it amounts to."""
+    if isinstance(source, dict):
+        _check_keys_are_strings(source, None)
+        return LoadedConfig(path=None, raw=_plain(copy.deepcopy(source)), kind="dict")
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputError(f"expected a config path or a dict, not {type(source).__name__}")
+    path = Path(source)
+    data, kind = _parse_file(path)
+    if kind == "yaml":
+        return _from_yaml(path, data)
+    return LoadedConfig(path=str(path), raw=data, kind=kind)
+
+
+def read_text(path: Path) -> str:
+    """The file's text, or an InputError saying why it cannot be a config."""
+    if not path.exists():
+        raise InputError("no such file", path=path)
+    if path.is_dir():
+        raise InputError("is a directory, expected a DeepSpeed config file", path=path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise InputError(f"is {size} bytes; a DeepSpeed config is a few KiB (limit {MAX_BYTES})", path=path)
+        with open(path, "rb") as fh:
+            blob = fh.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    if len(blob) > MAX_BYTES:
+        raise InputError(f"is larger than {MAX_BYTES} bytes; not a DeepSpeed config", path=path)
+    if b"\x00" in blob:
+        raise InputError("is a binary file, not a DeepSpeed config (JSON, HJSON or YAML)", path=path)
+    try:
+        text = blob.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"is not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
+    if not text.strip():
+        raise InputError("is empty", path=path)
+    return text
+
+
+def _parse_file(path: Path) -> tuple[Any, str]:
+    text = read_text(path)
+    looks_yaml = path.suffix.lower() in YAML_SUFFIXES or not text.lstrip().startswith(("{", "[", "//", "#", "/*"))
+    if looks_yaml:
+        data = _parse_yaml(text, path)
+        kind = "yaml"
+    else:
+        data, kind = _parse_json(text, path)
+    if not isinstance(data, dict):
+        what = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
+        raise InputError(f"top level is {what}; a DeepSpeed config is an object ({{...}})", path=path)
+    _check_keys_are_strings(data, path)
+    return _plain(data), kind
+
+
+def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates), "json"
+    except DuplicateKeyError as exc:
+        raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
+    except RecursionError:
+        raise InputError("is nested too deeply", path=path) from None
+    except ValueError as first:
+        json_error = first
+    import hjson  # DeepSpeed's own parser: comments, unquoted keys, trailing commas
+
+    try:
+        return hjson.loads(text, object_pairs_hook=_no_duplicates), "hjson"
+    except DuplicateKeyError as exc:
+        raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
+    except RecursionError:
+        raise InputError("is nested too deeply", path=path) from None
+    except Exception as exc:  # hjson raises HjsonDecodeError and, on odd input, other ValueErrors
+        where = ""
+        if isinstance(json_error, json.JSONDecodeError):
+            where = f" at line {json_error.lineno} column {json_error.colno}"
+        detail = json_error.msg if isinstance(json_error, json.JSONDecodeError) else str(exc)
+        raise InputError(f"invalid JSON/HJSON{where}: {detail}", path=path) from None
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    import yaml
+
+    class Loader(yaml.SafeLoader):  # safe_load, plus duplicate keys are an error (as in DeepSpeed)
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        loader.flatten_mapping(node)
+        out = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, "unhashable key", key_node.start_mark) from None
+            if key in out:
+                raise DuplicateKeyError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            out[key] = loader.construct_object(value_node, deep=deep)
+        return out
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as exc:
+        raise InputError(f"{exc} (duplicate keys are ambiguous)", path=path) from None
+    except RecursionError:
+        raise InputError("is nested too deeply", path=path) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"invalid YAML{where}: {problem}", path=path) from None
+
+
+def _check_keys_are_strings(data, path):
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str):
+                    raise InputError(f"key {k!r} is not a string", path=path)
+                stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+def _plain(node):
+    """OrderedDicts (hjson) to dicts, tuples to lists: one shape for everything downstream."""
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(v) for v in node]
+    return node
+
+
+# --- YAML flavours -------------------------------------------------------------------------------------
+
+def _from_yaml(path: Path, data: dict) -> LoadedConfig:
+    ds = data.get("deepspeed_config")
+    if ds is not None or data.get("distributed_type") == "DEEPSPEED":
+        return _from_accelerate_yaml(path, data, ds if ds is not None else {})
+    if isinstance(data.get("deepspeed"), str):
+        return _from_trainer_yaml(path, data)
+    # a DeepSpeed config written as YAML (GPT-NeoX style) or something without DeepSpeed keys at all
+    return LoadedConfig(path=str(path), raw=data, kind="yaml")
+
+
+def _int_or_none(value):
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _read_ref(yaml_path: Path, ref: str, what: str) -> tuple[Path, dict | None]:
+    ref_path = Path(os.path.expanduser(ref))
+    if not ref_path.is_absolute():
+        # accelerate and the trainers resolve against the working directory; the YAML's own directory is the
+        # other common intent. Take whichever exists, preferring the working directory.
+        candidates = [Path.cwd() / ref_path, yaml_path.parent / ref_path]
+        ref_path = next((c for c in candidates if c.exists()), yaml_path.parent / ref_path)
+    if not ref_path.exists():
+        return ref_path, None
+    data, _kind = _parse_file(ref_path)
+    return ref_path, data
+
+
+def _from_accelerate_yaml(path: Path, data: dict, ds: Any) -> LoadedConfig:
+    if not isinstance(ds, dict):
+        raise InputError(f"deepspeed_config must be a mapping, not {type(ds).__name__}", path=path)
+    mixed = data.get("mixed_precision")
+    mixed = str(mixed).lower() if mixed is not None else None
+    loaded = LoadedConfig(
+        path=str(path), raw={}, kind="accelerate-yaml", source=copy.deepcopy(ds),
+        num_processes=_int_or_none(data.get("num_processes")), mixed_precision=mixed,
+    )
+    ref = ds.get("deepspeed_config_file")
+    if ref not in (None, "none", ""):
+        if not isinstance(ref, str):
+            raise InputError(f"deepspeed_config_file must be a path, not {ref!r}", path=path)
+        ref_path, ref_data = _read_ref(path, ref, "deepspeed_config_file")
+        loaded.ref_path = str(ref_path)
+        if ref_data is None:
+            loaded.ref_missing = True
+            loaded.notes.append(f"deepspeed_config_file {ref} not found; only the YAML's own keys are checked")
+            raw: dict = {}
+        else:
+            raw = ref_data
+        # accelerate: the file's "auto" fp16/bf16 are filled from mixed_precision at prepare time
+        loaded.raw = _fill_accelerate_precision(raw, mixed)
+        return loaded
+    loaded.raw = accelerate_plugin_dict(ds, mixed)
+    return loaded
+
+
+def accelerate_plugin_dict(ds: dict, mixed_precision: str | None = None) -> dict:
+    """The DeepSpeed dict ``DeepSpeedPlugin`` builds from an accelerate YAML's ``deepspeed_config`` keys
+    when no config file is given (accelerate 1.15, ``utils/dataclasses.py``), plus mixed precision."""
+    stage = ds.get("zero_stage", 2)
+    opt_dev = ds.get("offload_optimizer_device", "none")
+    par_dev = ds.get("offload_param_device", "none")
+    opt_nvme = ds.get("offload_optimizer_nvme_path", "none")
+    par_nvme = ds.get("offload_param_nvme_path", "none")
+    config = {
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": ds.get("gradient_accumulation_steps", "auto"),
+        "zero_optimization": {
+            "stage": stage,
+            "offload_optimizer": {"device": opt_dev, "nvme_path": opt_nvme if opt_dev == "nvme" else None},
+            "offload_param": {"device": par_dev, "nvme_path": par_nvme if par_dev == "nvme" else None},
+            "stage3_gather_16bit_weights_on_model_save": bool(ds.get("zero3_save_16bit_model", False)),
+        },
+    }
+    clipping = ds.get("gradient_clipping", "auto")
+    if clipping:
+        config["gradient_clipping"] = clipping
+    return _fill_accelerate_precision(config, mixed_precision)
+
+
+def _fill_accelerate_precision(raw: dict, mixed: str | None) -> dict:
+    raw = copy.deepcopy(raw)
+    if mixed in ("bf16", "fp16"):
+        other = "fp16" if mixed == "bf16" else "bf16"
+        section = raw.get(mixed)
+        if not isinstance(section, dict):
+            raw[mixed] = {"enabled": True}
+        elif section.get("enabled", "auto") == "auto":
+            section["enabled"] = True
+        if isinstance(raw.get(other), dict) and raw[other].get("enabled") == "auto":
+            raw[other]["enabled"] = False
+    return raw
+
+
+def _from_trainer_yaml(path: Path, data: dict) -> LoadedConfig:
+    ref = data["deepspeed"]
+    mixed = "bf16" if data.get("bf16") is True else "fp16" if data.get("fp16") is True else None
+    loaded = LoadedConfig(path=str(path), raw={}, kind="trainer-yaml", source=None, mixed_precision=mixed)
+    ref_path, ref_data = _read_ref(path, ref, "deepspeed")
+    loaded.ref_path = str(ref_path)
+    if ref_data is None:
+        loaded.ref_missing = True
+        loaded.notes.append(f"deepspeed config {ref} named in this YAML was not found; nothing to check")
+    else:
+        loaded.raw = ref_data
+    return loaded

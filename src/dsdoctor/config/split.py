@@ -1,0 +1,213 @@
+"""``dsdoctor split``: write the inference config of a training config.
+
+Keeps the ZeRO stage (3) and offload_param; drops the optimizer, scheduler, offload_optimizer, gradient and
+loss-scale keys and everything else the table in ``split_table`` marks; resolves every "auto" (from the
+model where it depends on the model, else to what DeepSpeed would use) unless ``keep_auto``; keeps or sets
+``train_micro_batch_size_per_gpu`` because ``deepspeed.initialize`` requires a batch size. The input is never
+mutated; the output is written atomically and never overwritten without ``force``.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsdoctor.config.check import canonical_key, check, read_both
+from dsdoctor.config.effective import AUTO, REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_FIELDS
+from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.split_table import BY_KEY
+from dsdoctor.errors import InputError
+from dsdoctor.findings import Finding
+from dsdoctor.fsutil import atomic_write_text, refuse_overwrite
+from dsdoctor.i18n import pick
+from dsdoctor.model.spec import load_model_spec
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+
+_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "tensor_parallel")
+
+
+@dataclass
+class Change:
+    key: str
+    action: str  # drop | resolve | set
+    old: object
+    new: object  # None for drop
+    reason: dict  # {"en", "zh"}
+
+    def to_dict(self, lang: str) -> dict:
+        return {"key": self.key, "action": self.action, "old": self.old, "new": self.new,
+                "reason": pick(self.reason, lang)}
+
+
+@dataclass
+class SplitResult:
+    source: str
+    out: str
+    kind: str
+    keep_auto: bool
+    config: dict  # what was written
+    changes: list[Change]
+    diff: str
+    findings: list[Finding] = field(default_factory=list)  # check of the written config (inference)
+
+    def to_dict(self, lang: str = "en") -> dict:
+        return {"source": self.source, "out": self.out, "kind": self.kind, "keep_auto": self.keep_auto,
+                "changes": [c.to_dict(lang) for c in self.changes], "config": self.config, "diff": self.diff,
+                "findings": [f.to_dict(lang) for f in self.findings]}
+
+    def _rows(self, lang):
+        def show(v):
+            return "-" if v is None else json.dumps(v, ensure_ascii=False) if not isinstance(v, str) else v
+        return [(c.key, c.action, f"{show(c.old)} -> {show(c.new)}" if c.action != "drop" else show(c.old)[:40],
+                 pick(c.reason, lang)) for c in self.changes]
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        zh = lang == "zh"
+        out = (f"{style.ok} 已写入 {self.out}（来自 {self.source}）\n\n" if zh
+               else f"{style.ok} wrote {self.out} (from {self.source})\n\n")
+        head = ("键", "操作", "值", "原因") if zh else ("key", "action", "value", "reason")
+        out += text_table(head, self._rows(lang)) + "\n" + self.diff + "\n"
+        out += ("写出的配置检查结果：\n" if zh else "check of the written config:\n")
+        return out + findings_text(self.findings, lang, style)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        head = ("Key", "Action", "Value", "Reason") if lang == "en" else ("键", "操作", "值", "原因")
+        return (f"### dsdoctor split\n\n`{self.source}` -> `{self.out}`\n\n" + markdown_table(head, self._rows(lang))
+                + "\n```diff\n" + self.diff + "```\n\n" + findings_markdown(self.findings, lang))
+
+
+_AUTO_DROPPED = {"en": "\"auto\" that nothing fills outside the HF Trainer; DeepSpeed's default applies without it",
+                 "zh": "HF Trainer 之外无人填充的 \"auto\"；删除后使用 DeepSpeed 默认值"}
+_REJECTED = {"en": "DeepSpeed 0.19 rejects this key (DSD114)", "zh": "DeepSpeed 0.19 会拒绝此键（DSD114）"}
+
+
+def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:
+    """The inference config of ``loaded`` and the change list (pure: nothing is written)."""
+    spec = load_model_spec(model) if model is not None else None
+    eff, _hf = read_both(loaded, spec)
+    raw = loaded.raw
+    new = copy.deepcopy(raw)
+    changes: list[Change] = []
+
+    def row_reason(key):
+        return BY_KEY[canonical_key(key)].reason
+
+    def drop(container, key, path, reason):
+        changes.append(Change(path, "drop", container[key], None, reason))
+        del container[key]
+
+    def resolve(container, key, path, value, reason):
+        changes.append(Change(path, "resolve" if key in container else "set", container.get(key), value, reason))
+        container[key] = value
+
+    # top level
+    for key in list(new):
+        if key in REMOVED_TOP_LEVEL_KEYS:
+            drop(new, key, key, _REJECTED)
+        elif canonical_key(key) in BY_KEY and BY_KEY[canonical_key(key)].action == "drop":
+            drop(new, key, key, row_reason(key))
+
+    # precision sections: loss scaling goes, "auto" enabled is resolved from the model
+    model_dtype = spec.dtype if spec else None
+    for sect in ("fp16", "bf16", "bfloat16"):
+        section = new.get(sect)
+        if not isinstance(section, dict):
+            continue
+        for sub in list(section):
+            path = f"{sect}.{sub}"
+            row = BY_KEY.get(canonical_key(path))
+            if row and row.action == "drop":
+                drop(section, sub, path, row.reason)
+        if section.get("enabled") == AUTO and not keep_auto:
+            want = model_dtype == ("fp16" if sect == "fp16" else "bf16")
+            reason = row_reason(f"{sect}.enabled")
+            resolve(section, "enabled", f"{sect}.enabled", bool(want), reason)
+
+    # zero_optimization
+    zero = new.get("zero_optimization")
+    stage = eff.zero_stage
+    if isinstance(zero, dict):
+        invalid = {k for k, _ in eff.invalid_keys if k.startswith("zero_optimization.")}
+        new_stage = 3 if stage == 3 else 0
+        if "stage" in zero and (zero["stage"] != new_stage) and (zero["stage"] != AUTO or not keep_auto):
+            if not (isinstance(zero["stage"], (int, float, str)) and str(zero["stage"]) == str(new_stage)):
+                resolve(zero, "stage", "zero_optimization.stage", new_stage, row_reason("zero_optimization.stage"))
+        for sub in list(zero):
+            path = f"zero_optimization.{sub}"
+            row = BY_KEY.get(canonical_key(path))
+            if path in invalid or sub not in ZERO_FIELDS:
+                drop(zero, sub, path, _REJECTED)
+            elif sub == "offload_param" and new_stage < 3:
+                drop(zero, sub, path, {"en": "ignored below stage 3 (DSD106)", "zh": "stage 3 以下被忽略（DSD106）"})
+            elif row and row.action == "drop":
+                drop(zero, sub, path, row.reason)
+        op = zero.get("offload_param")
+        if isinstance(op, dict):
+            for sub in list(op):
+                path = f"zero_optimization.offload_param.{sub}"
+                if path in invalid:
+                    drop(op, sub, path, _REJECTED)
+                elif op[sub] == AUTO and not keep_auto:
+                    drop(op, sub, path, _AUTO_DROPPED)
+        elif op == AUTO and not keep_auto:
+            drop(zero, "offload_param", "zero_optimization.offload_param", _AUTO_DROPPED)
+        if not keep_auto:
+            h = spec.hidden_size if spec else None
+            fills = {"prefetch_bucket_size": int(0.9 * h * h) if h else None,
+                     "param_persistence_threshold": 10 * h if h else None}
+            for sub in list(zero):
+                if zero[sub] != AUTO or sub == "stage":
+                    continue
+                path = f"zero_optimization.{sub}"
+                canonical = canonical_key(path).split(".", 1)[1]
+                value = fills.get(canonical) or ZERO_DEFAULTS.get(canonical)
+                if value is None:
+                    drop(zero, sub, path, _AUTO_DROPPED)
+                else:
+                    resolve(zero, sub, path, value, row_reason(path) if canonical_key(path) in BY_KEY
+                            else _AUTO_DROPPED)
+
+    # batch size: deepspeed.initialize requires one; micro batch 1 is the sane value for inference
+    micro = new.get("train_micro_batch_size_per_gpu")
+    if micro is None or (micro == AUTO and not keep_auto):
+        resolve(new, "train_micro_batch_size_per_gpu", "train_micro_batch_size_per_gpu", 1,
+                row_reason("train_micro_batch_size_per_gpu"))
+
+    # any "auto" left anywhere (tensor_parallel, monitors, ...): DeepSpeed drops it inside sections
+    if not keep_auto:
+        for key in list(new):
+            value = new[key]
+            if value == AUTO:
+                drop(new, key, key, _AUTO_DROPPED)
+            elif isinstance(value, dict):
+                for sub in list(value):
+                    if value[sub] == AUTO:
+                        drop(value, sub, f"{key}.{sub}", _AUTO_DROPPED)
+    return new, changes
+
+
+def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None, keep_auto: bool = False,
+          force: bool = False) -> SplitResult:
+    """Write the inference config of ``config`` (path, dict or LoadedConfig) to ``out``."""
+    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+    out_path = Path(out)
+    if loaded.path and out_path.exists() and out_path.resolve() == Path(loaded.path).resolve():
+        raise InputError("is the input config; write the inference config to another file", path=out_path)
+    if loaded.ref_path and out_path.exists() and out_path.resolve() == Path(loaded.ref_path).resolve():
+        raise InputError("is the DeepSpeed config the YAML names; write to another file", path=out_path)
+    if loaded.ref_missing:
+        raise InputError(f"names a DeepSpeed config that does not exist: {loaded.ref_path}", path=loaded.path)
+    refuse_overwrite(out_path, force)
+    new, changes = inference_config(loaded, model=model, keep_auto=keep_auto)
+    text = json.dumps(new, indent=2, ensure_ascii=False) + "\n"
+    before = json.dumps(loaded.raw, indent=2, ensure_ascii=False) + "\n"
+    diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
+                                        fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
+    atomic_write_text(out_path, text, force=force)
+    findings = check(new, mode="inference", model=model).findings
+    return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
+                       changes=changes, diff=diff, findings=findings)
