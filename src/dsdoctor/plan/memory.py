@@ -220,7 +220,7 @@ def trace_steps(shape: ModelShape, b: int, tp: int = 1) -> list[Step]:
 
 # --------------------------------------------------------------------------------- the gather model
 
-@dataclass
+@dataclass(frozen=True)
 class Gather:
     """How a rank obtains whole parameters: resident (nothing to do) or ZeRO-3 gathers."""
     world: int = 1
@@ -249,12 +249,21 @@ class Moment:
         return self.gathered + self.act + self.kv + self.logits
 
 
-def simulate_forward(steps: list[Step], tokens: int, shape: ModelShape, wl_bytes: int, g: Gather,
-                     kv_before: float, kv_after: float, kv_transient: float, prefetch: bool,
-                     logits_bytes: float, numel_of: list[int]) -> list[Moment]:
-    """The GPU moments of one forward pass: gathered parameters, activations and cache at each step."""
-    moments: list[Moment] = []
-    b = wl_bytes
+@dataclass(frozen=True)
+class Point:
+    """A point of one forward, independent of the workload: gathered bytes, activation bytes per token."""
+    label: str
+    gathered: float
+    level: float
+    layer: int | None
+    attention: bool
+    end: bool = False  # after the forward: generate's float32 copy of the logits
+
+
+def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: bool,
+                  numel_of: list[int]) -> list[Point]:
+    """Replay DeepSpeed's fetch / prefetch / release over one forward (``partitioned_param_coordinator``)."""
+    points: list[Point] = []
     zero_gather = g.zero3 and (g.world > 1 or g.offload)
     persistent = {i for i, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
     avail: dict[int, int] = {}  # param -> bytes of its whole copy
@@ -266,29 +275,22 @@ def simulate_forward(steps: list[Step], tokens: int, shape: ModelShape, wl_bytes
     real = [s for s in steps if not s.virtual]
     queue = [(p, k) for k, s in enumerate(real) for p, _ in s.params if p not in persistent]
     qpos = 0
-    prev_level = steps[0].level
-    layers_done = -1
+    prev = steps[0]
     gid = 0
     real_idx = -1
 
     def held():
         return sum(avail.values()) + sum(inflight.values())
 
-    def kv_now(layer):
-        if layer is None:
-            return kv_after if layers_done >= shape.layers - 1 else kv_before
-        grown = (kv_after - kv_before) * (layer + 1) / shape.layers
-        return kv_before + grown
-
-    def launch(params, per_param_copy: bool):
+    def launch(params):
         nonlocal gid, n_available
         if not params:
             return
         gid += 1
-        if per_param_copy or len(params) == 1 or g.world == 1:
+        if len(params) == 1 or g.world == 1:
             for p in params:  # sequential all-gather / host copy: straight into the parameter's buffer
                 avail[p] = (_aligned(numel_of[p], g.world) if g.world > 1 else numel_of[p]) * b
-        else:
+        else:  # coalesced: one flat buffer, copied out parameter by parameter on first use
             inflight[gid] = sum(_aligned(numel_of[p], g.world) for p in params) * b
             members[gid] = list(params)
             for p in params:
@@ -296,31 +298,22 @@ def simulate_forward(steps: list[Step], tokens: int, shape: ModelShape, wl_bytes
         n_available += sum(numel_of[p] for p in params)
 
     for step in steps:
-        level_tokens = step.level * tokens
-        if step.layer is not None:
-            layers_done = max(layers_done, step.layer - (0 if step.attention else 1))
         if step.virtual or not zero_gather:
-            kv = kv_now(step.layer) + (kv_transient if step.attention else 0)
-            moments.append(Moment(step.module, held(), level_tokens, kv))
-            prev_level = step.level
+            points.append(Point(step.module, held(), step.level, step.layer, step.attention))
+            prev = step
             continue
         real_idx += 1
         need = [p for p, _ in step.params if p not in persistent]
-        # 1. fetch what this module needs and is not on its way
-        missing = [p for p in need if p not in avail and p not in group_of]
-        launch(missing, per_param_copy=False)
-        # 2. wait: a coalesced group is copied out of its flat buffer, param by param
+        launch([p for p in need if p not in avail and p not in group_of])
         for p in need:
             if p in group_of:
                 grp = group_of[p]
                 copies = sum(numel_of[q] for q in members[grp]) * b
-                moments.append(Moment(step.module + " (wait)", held() + copies, prev_level * tokens,
-                                      kv_now(step.layer)))
+                points.append(Point(step.module + " (wait)", held() + copies, prev.level, prev.layer, False))
                 for q in members.pop(grp):
                     avail[q] = numel_of[q] * b
                     group_of.pop(q, None)
                 inflight.pop(grp, None)
-        # 3. prefetch along the trace (only once a forward has been recorded)
         if prefetch:
             wanted = {p for p in need if most_recent.get(p, -1) < real_idx}
             while qpos < len(queue) and wanted:
@@ -337,12 +330,10 @@ def simulate_forward(steps: list[Step], tokens: int, shape: ModelShape, wl_bytes
                 if p not in avail and p not in group_of and p not in chosen:
                     chosen.append(p)
                     numel += numel_of[p]
-            launch(chosen, per_param_copy=False)
-        kv = kv_now(step.layer) + (kv_transient if step.attention else 0)
-        moments.append(Moment(step.module, held(), level_tokens, kv))
-        prev_level = step.level
-        # 4. release after the forward, unless used again soon or already claimed by a later prefetch
-        if need:
+            launch(chosen)
+        points.append(Point(step.module, held(), step.level, step.layer, step.attention))
+        prev = step
+        if need:  # release after the forward, unless used again within max_reuse_distance or prefetched
             keep = set()
             traversed = 0
             for later in real[real_idx + 1:]:
@@ -356,9 +347,25 @@ def simulate_forward(steps: list[Step], tokens: int, shape: ModelShape, wl_bytes
                     continue
                 avail.pop(p)
                 n_available -= numel_of[p]
-    # generate copies the last position's logits to float32 after the forward
-    moments.append(Moment("<logits>", held(), 0, kv_after, logits_bytes))
-    return moments
+    points.append(Point("<logits>", held(), 0.0, None, False, end=True))
+    return points
+
+
+def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
+               kv_transient: float, logits_bytes: float, lm_head_bytes: float) -> list[Moment]:
+    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer."""
+    out = []
+    done = -1
+    for pt in points:
+        if pt.layer is not None:
+            done = max(done, pt.layer - (0 if pt.attention else 1))
+            kv = kv_before + (kv_after - kv_before) * (done + 1) / layers
+        else:
+            kv = kv_after if done >= layers - 1 else kv_before
+        kv += kv_transient if pt.attention else 0
+        logits = logits_bytes if pt.end else (lm_head_bytes if pt.label.endswith("lm_head") else 0)
+        out.append(Moment(pt.label, pt.gathered, pt.level * tokens if not pt.end else 0, kv, logits))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- estimates
@@ -469,25 +476,29 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
             done += 0 if offload else shard
         load_peak = max(load_peak, resident)
 
-    steps = trace_steps(shape, b, tp)
     kv_prompt = kv_bytes(shape, B, S, b, tp)
     kv_final = kv_bytes(shape, B, final, b, tp)
     kv_layer_final = max(kv_bytes(shape, B, final, b, tp, layers=1) // 2, 0)
-    vocab = math.ceil(shape.vocab / 1) if name != "tp" else shape.vocab
+    vocab = shape.vocab  # tp: LmHeadLinearAllreduce returns whole logits
     logits_prefill_tokens = 1 if shape.logits_to_keep else S
     logits_prefill = B * logits_prefill_tokens * vocab * b + B * vocab * 4
     logits_decode = B * vocab * b + B * vocab * 4
-    # the lm_head output itself is live at the lm_head step
     fixed = resident + CUBLAS_WORKSPACE
-    gather_resident = 0 if not zero3 else 0
-    first = simulate_forward(steps, B * S, shape, b, g, 0, kv_prompt, 0, False, logits_prefill, numel_of)
-    warm = simulate_forward(steps, B * S, shape, b, g, 0, kv_prompt, 0, True, logits_prefill, numel_of)
-    decode = simulate_forward(steps, B, shape, b, g, kv_final - kv_layer_final * 2 // max(shape.layers, 1),
-                              kv_final, kv_layer_final, True, logits_decode, numel_of)
-    candidates = [("load", Moment("load", 0, 0, 0), load_peak + CUBLAS_WORKSPACE * 0)]
+    key = (tp, b, g)
+    cache = shape.__dict__.setdefault("_points", {})
+    if key not in cache:
+        steps = trace_steps(shape, b, tp)
+        cache[key] = tuple(gather_points(steps, shape.layers, b, g, pf, numel_of) for pf in (False, True))
+    first_pts, warm_pts = cache[key]
+    lm_prefill = B * logits_prefill_tokens * vocab * b
+    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
+    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
+    decode = moments_of(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
+                        logits_decode, B * vocab * b)
+    candidates = [("load", Moment("load", 0, 0, 0), load_peak)]
     for phase, moments in (("prefill", first + warm), ("decode", decode)):
         for m in moments:
-            candidates.append((phase, m, fixed + gather_resident + m.total))
+            candidates.append((phase, m, fixed + m.total))
     phase, moment, peak = max(candidates, key=lambda c: c[2])
     if phase == "load":
         breakdown = {"weights_resident": resident, "load_transient": load_peak - resident}
