@@ -1,0 +1,52 @@
+"""``dsdoctor plan``: which load path to use for an inference run, and what fits."""
+from __future__ import annotations
+
+from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of, log
+from dsdoctor.findings import exit_code
+
+EXAMPLES = """\
+  dsdoctor plan --model ./Llama-3.1-8B --batch 8 --prompt-len 2048 --new-tokens 256
+  dsdoctor plan --model ./Llama-3.1-70B --gpus 4 --gpu-memory 80GiB --format json
+  dsdoctor plan --model ./qwen2/config.json --config ds_train.json --plot plan-out
+  dsdoctor plan --model ./Llama-3.1-8B --lang zh --format markdown > plan.md"""
+
+
+def register(sub):
+    p = add_command(
+        sub, "plan", "predict per-GPU and host memory and speed of each load path; recommend one", EXAMPLES,
+        description="Predict the peak GPU memory (torch.cuda.max_memory_allocated over load and generate), host "
+                    "memory and tokens/s of each load path (plain, tp, zero3, zero3-offload, zero3-offload-nvme) "
+                    "for a model, workload and machine, and recommend the fastest that fits.",
+    )
+    p.add_argument("--model", required=True, help="local Hugging Face model directory or its config.json")
+    p.add_argument("--batch", type=int, default=1, help="sequences each rank generates at once (default: 1)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
+    p.add_argument("--dtype", default=None, help="weight dtype: bf16, fp16, fp32 (default: the model's, else bf16)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs (default: detected, else 1)")
+    p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
+    p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: /proc/meminfo)")
+    p.add_argument("--h2d-bandwidth", default=None, help="host-to-GPU bandwidth per second, e.g. 25GB (pinned)")
+    p.add_argument("--gpu-name", default=None, help="GPU model for bandwidths, e.g. H100 (default: detected)")
+    p.add_argument("--config", default=None, help="DeepSpeed config whose stage-3 knobs, offload and optimizer apply")
+    p.add_argument("--counts", choices=("auto", "meta", "formula"), default="auto",
+                   help="parameter counts: exact from the meta-device model (needs transformers) or formula")
+    p.add_argument("--plot", metavar="DIR", default=None, help="write plan.png and plan.html into DIR (new)")
+    p.add_argument("--force", action="store_true", help="replace an existing --plot directory")
+    add_output_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dsdoctor.plan.api import plan
+
+    result = plan(args.model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                  dtype=args.dtype, gpus=args.gpus, gpu_memory=args.gpu_memory, host_memory=args.host_memory,
+                  h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name)
+    if args.plot:
+        from dsdoctor.plan.plot import write_plots
+
+        for path in write_plots(result, args.plot, lang=lang_of(args), force=args.force):
+            log(f"wrote {path}")
+    emit(result, args)
+    return exit_code(result.findings, args.fail_on)

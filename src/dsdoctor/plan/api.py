@@ -1,0 +1,177 @@
+"""``plan``: does this inference need ZeRO-3, and which load path is fastest among those that fit?
+
+Data flow: model spec (+ exact parameter inventory) + workload + hardware (+ DeepSpeed knobs)
+-> memory per path (``memory.py``) -> speed per path (``speed.py``) -> recommendation -> ``PlanResult``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from dsdoctor.findings import Finding
+from dsdoctor.model.inventory import apply_to_spec, from_formula
+from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan import recommend as rec
+from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
+from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
+from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.result import PathPlan, PlanResult, Recommendation
+from dsdoctor.plan.speed import UNPINNED_FACTOR, estimate_speed
+from dsdoctor.plan.workload import Workload, make_workload
+from dsdoctor.units import human_bytes
+
+MAX_BATCH_SEARCH = 4096
+
+
+def load_inventory(spec, counts: str = "auto"):
+    """Exact counts from the meta-device model when transformers can build it, else the formula."""
+    if counts not in ("auto", "meta", "formula"):
+        raise ValueError(counts)
+    inv = None
+    if counts in ("auto", "meta"):
+        try:
+            from dsdoctor.model.exact import exact_inventory
+
+            inv = exact_inventory(spec.raw)
+        except ImportError:
+            inv = None
+        if inv is None and counts == "meta":
+            from dsdoctor.errors import InputError
+
+            raise InputError(f"transformers cannot build model_type {spec.model_type!r} on the meta device",
+                             path=spec.path, hint="use --counts formula")
+    if inv is None:
+        inv = from_formula(spec)
+    apply_to_spec(spec, inv)
+    return inv
+
+
+def config_path_of(knobs: DsKnobs | None) -> str | None:
+    if knobs is None or knobs.zero_stage != 3:
+        return None
+    return {"cpu": "zero3-offload", "nvme": "zero3-offload-nvme"}.get(knobs.offload_param or "", "zero3")
+
+
+def _knobs_for(path: str, knobs: DsKnobs | None, config_path: str | None) -> DsKnobs | None:
+    """The user's stage-3 tuning applies to every ZeRO-3 path; the optimizer only to the path the
+    config itself selects (that is what it would build)."""
+    if knobs is None:
+        return None
+    if path == config_path:
+        return knobs
+    return dataclasses.replace(knobs, has_optimizer=False, offload_param=None)
+
+
+def _fits(mem, hw) -> tuple[bool, list]:
+    limits = []
+    if mem.gpu_reserved_bytes + mem.gpu_outside_allocator_bytes > hw.gpu_memory:
+        limits.append("gpu")
+    if mem.host_peak_bytes > hw.host_memory:
+        limits.append("host")
+    return not limits, limits
+
+
+def _largest(fits_at, low: int, high: int) -> int | None:
+    """Largest value in [low, high] for which fits_at(value) holds (monotone), or None."""
+    if not fits_at(low):
+        return None
+    if fits_at(high):
+        return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits_at(mid) else (low, mid)
+    return low
+
+
+def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
+         dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
+         h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
+         gpu_name: str | None = None) -> PlanResult:
+    spec = load_model_spec(model)
+    inv = load_inventory(spec, counts)
+    wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
+    hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
+    knobs = load_knobs(config)
+    config_path = config_path_of(knobs)
+    shape = model_shape(spec, inv)
+
+    plans: list[PathPlan] = []
+    for name in PATHS:
+        k = _knobs_for(name, knobs, config_path)
+        mem = estimate_path(name, shape, wl, hw, k)
+        if mem is None:
+            continue
+        speed = estimate_speed(mem, shape, wl, hw, k)
+        fits, limits = _fits(mem, hw)
+
+        def fits_with(**change):
+            other = dataclasses.replace(wl, **change)
+            m = estimate_path(name, shape, other, hw, k)
+            return _fits(m, hw)[0]
+
+        max_ctx = (spec.max_position_embeddings or 131072) - wl.new_tokens
+        max_batch = _largest(lambda v: fits_with(batch=v), 1, MAX_BATCH_SEARCH)
+        max_prompt = _largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1))
+        plans.append(PathPlan(
+            name=name, ranks=mem.ranks, replicas=mem.replicas, gpu_peak_bytes=mem.gpu_peak_bytes,
+            gpu_reserved_bytes=mem.gpu_reserved_bytes, gpu_outside_allocator_bytes=mem.gpu_outside_allocator_bytes,
+            host_peak_bytes=mem.host_peak_bytes, fits=fits, limits=limits, peak_at=mem.peak_at,
+            tokens_per_s=speed.tokens_per_s, decode_tokens_per_s=speed.decode_tokens_per_s, bound=speed.bound,
+            breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown, max_batch=max_batch,
+            max_prompt_len=max_prompt, notes=mem.notes,
+        ))
+
+    chosen = rec.choose(plans)
+    if chosen is not None:
+        recommendation = Recommendation(
+            chosen.name, {lang: rec.why(chosen, plans, lang) for lang in ("en", "zh")},
+            rec.ds_config_for(chosen.name, knobs), rec.code_for(chosen.name, str(model), hw.gpus, wl.dtype, knobs))
+    else:
+        recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
+
+    findings = _findings(plans, chosen, knobs, config_path, hw, wl)
+    weights_only = inv.num_params * wl.dtype_bytes
+    model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
+                  "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,
+                  "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+                  "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
+                  "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
+    return PlanResult(model_info, wl.to_dict(), hw.to_dict(), knobs.to_dict() if knobs else None, plans,
+                      recommendation, findings, weights_only)
+
+
+def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
+    out: list[Finding] = []
+    by = {p.name: p for p in plans}
+    if hw.assumed:
+        out.append(Finding("DSD205", {"assumed": ", ".join(hw.assumed)}))
+    if chosen is None and plans:
+        smallest = min(plans, key=lambda p: (p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes))
+        out.append(Finding("DSD202", {
+            "path": smallest.name, "need": human_bytes(smallest.gpu_reserved_bytes + smallest.gpu_outside_allocator_bytes),
+            "capacity": human_bytes(hw.gpu_memory), "host_need": human_bytes(smallest.host_peak_bytes),
+            "host_capacity": human_bytes(hw.host_memory)}))
+    if knobs is None:
+        return out
+    cp = by.get(config_path) if config_path else None
+    if knobs.has_optimizer and cp is not None:
+        train_keys = ("reduce_bucket", "optimizer_fp32_master", "optimizer_grad_partition", "optimizer_fp32_grads")
+        gpu_cost = sum(v for k, v in cp.breakdown.items() if k in train_keys)
+        host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
+        out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
+    if cp is not None and "gpu" in cp.limits:
+        out.append(Finding("DSD204", {"path": cp.name, "need": human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes),
+                                      "capacity": human_bytes(hw.gpu_memory),
+                                      "recommended": chosen.name if chosen else "none"}))
+    plain = by.get("plain")
+    if cp is not None and plain is not None and plain.fits:
+        speedup = plain.tokens_per_s / cp.tokens_per_s if cp.tokens_per_s else float("inf")
+        out.append(Finding("DSD201", {"plain_peak": human_bytes(plain.gpu_peak_bytes),
+                                      "capacity": human_bytes(hw.gpu_memory), "speedup": f"{speedup:.1f}",
+                                      "config_path": cp.name}))
+    if config_path == "zero3-offload" and not knobs.offload_param_pin_memory and cp is not None:
+        pinned = cp.host_breakdown.get("offloaded_params", 0)
+        out.append(Finding("DSD206", {"moved": human_bytes(cp.host_breakdown.get("offloaded_params", 0) / max(cp.ranks, 1)),
+                                      "slowdown": f"{1 / UNPINNED_FACTOR:.1f}", "pinned": human_bytes(pinned * 2)}))
+    return out

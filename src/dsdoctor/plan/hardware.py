@@ -1,0 +1,146 @@
+"""The machine a plan is for: GPU count and memory, host memory, bandwidths.
+
+Flags win; otherwise values are read from the machine (nvidia-smi, /proc/meminfo), never by importing
+torch; anything still unknown is assumed and said so in ``assumed``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+from dsdoctor.errors import InputError
+from dsdoctor.units import parse_bytes
+
+GiB = 1024**3
+
+# name fragment -> (HBM bytes/s, GPU<->GPU all-gather bytes/s, host->device bytes/s pinned, dense bf16 FLOP/s)
+# Datasheet numbers; the speed model applies its own efficiency factors.
+_GPU_TABLE = (
+    ("H200", 4.8e12, 450e9, 55e9, 989e12),
+    ("H100 PCIe", 2.0e12, 60e9, 55e9, 756e12),
+    ("H100", 3.35e12, 450e9, 55e9, 989e12),
+    ("H800", 3.35e12, 200e9, 55e9, 989e12),
+    ("H20", 4.0e12, 450e9, 55e9, 148e12),
+    ("B200", 8.0e12, 900e9, 55e9, 2250e12),
+    ("A100-SXM4-80GB", 2.0e12, 300e9, 25e9, 312e12),
+    ("A100", 1.6e12, 300e9, 25e9, 312e12),
+    ("A800", 2.0e12, 200e9, 25e9, 312e12),
+    ("L40S", 0.86e12, 25e9, 25e9, 362e12),
+    ("L40", 0.86e12, 25e9, 25e9, 181e12),
+    ("4090", 1.0e12, 25e9, 25e9, 165e12),
+    ("A10", 0.6e12, 25e9, 25e9, 125e12),
+    ("V100", 0.9e12, 150e9, 12e9, 125e12),
+)
+_DEFAULT = ("", 2.0e12, 200e9, 25e9, 300e12)
+NVME_READ = 6e9  # one PCIe 4 NVMe drive, sequential read
+
+
+@dataclass
+class Hardware:
+    gpus: int
+    gpu_memory: int  # bytes per GPU
+    host_memory: int  # bytes on the host, all ranks together
+    h2d_bandwidth: float  # bytes/s, pinned host memory to one GPU
+    hbm_bandwidth: float
+    gpu_gpu_bandwidth: float
+    flops: float
+    nvme_bandwidth: float = NVME_READ
+    gpu_name: str | None = None
+    detected: list = field(default_factory=list)  # what was read from the machine
+    assumed: list = field(default_factory=list)  # what was neither given nor detected
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _row(name: str | None):
+    if name:
+        for row in _GPU_TABLE:
+            if row[0].lower() in name.lower():
+                return row
+    return _DEFAULT
+
+
+def detect_gpus() -> tuple[int, int, str] | None:
+    """(count, bytes per GPU, name) from nvidia-smi, or None."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in out.stdout.strip().splitlines() if "," in line]
+    if out.returncode != 0 or not rows:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip()]
+        rows = [r for i, r in enumerate(rows) if str(i) in ids] if all(v.strip().isdigit() for v in ids) else rows
+    if not rows:
+        return None
+    try:
+        return len(rows), int(float(rows[0][1])) * 1024**2, rows[0][0].strip()
+    except ValueError:
+        return None
+
+
+def detect_host_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2d_bandwidth=None,
+                  gpu_name: str | None = None, detect: bool = True) -> Hardware:
+    detected, assumed = [], []
+    found = detect_gpus() if detect and (gpus is None or gpu_memory is None) else None
+    if gpus is None:
+        if found:
+            gpus = found[0]
+            detected.append("gpus")
+        else:
+            gpus = 1
+            assumed.append("gpus=1")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise InputError(f"--gpus must be an integer >= 1, not {gpus!r}")
+    if gpu_memory is None:
+        if found:
+            gpu_memory = found[1]
+            detected.append("gpu_memory")
+        else:
+            gpu_memory = 80 * GiB
+            assumed.append("gpu_memory=80GiB")
+    gpu_memory = parse_bytes(gpu_memory, "--gpu-memory")
+    if gpu_memory <= 0:
+        raise InputError("--gpu-memory must be positive")
+    if host_memory is None:
+        host_memory = detect_host_memory() if detect else None
+        if host_memory:
+            detected.append("host_memory")
+        else:
+            host_memory = 512 * GiB
+            assumed.append("host_memory=512GiB")
+    host_memory = parse_bytes(host_memory, "--host-memory")
+    name = gpu_name or (found[2] if found else None)
+    row = _row(name)
+    if h2d_bandwidth is None:
+        h2d = row[3]
+        assumed.append(f"h2d_bandwidth={h2d / 1e9:.0f}GB/s")
+    else:
+        h2d = float(parse_bytes(h2d_bandwidth, "--h2d-bandwidth"))
+        if h2d <= 0:
+            raise InputError("--h2d-bandwidth must be positive")
+    if not row[0]:
+        assumed.append("bandwidths of a generic data-center GPU")
+    return Hardware(gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, h2d_bandwidth=h2d,
+                    hbm_bandwidth=row[1], gpu_gpu_bandwidth=row[2], flops=row[4], gpu_name=name,
+                    detected=detected, assumed=assumed)

@@ -1,0 +1,552 @@
+"""Per-GPU and host memory of one inference run (load + generate) on each load path.
+
+Derived from how the real code allocates, not fitted:
+
+* transformers' ``generate`` with ``DynamicCache``: the cache grows by ``torch.cat`` (one layer's old and new
+  keys live together for a moment); prefill runs the whole prompt through each layer; ``logits_to_keep=1``
+  keeps the lm_head output to the last position, which ``generate`` copies to float32.
+* the Llama-style layer: the embedding output and each layer's input stay referenced by the caller while
+  the layer runs; RMSNorm computes in float32; the gated MLP holds act(gate), up and their product at once.
+* DeepSpeed ZeRO-3 (``partitioned_param_coordinator.py``, ``partition_parameters.py``): each rank keeps a
+  1/N shard of every parameter (padded to a multiple of N); parameters at or under
+  ``stage3_param_persistence_threshold`` stay whole once fetched; each module gathers its parameters
+  before its forward and releases them after, unless reused within ``stage3_max_reuse_distance``; from the
+  second forward on, each module's fetch prefetches up to ``stage3_prefetch_bucket_size`` more elements,
+  bounded by ``stage3_max_live_parameters`` available elements; a prefetched group lands in one flat
+  buffer that lives until its parameters are copied out on first use.
+* AutoTP (``deepspeed.init_inference``): linear layers, the embedding and lm_head are split N ways;
+  norms stay whole; every rank runs the same batch.
+
+What ``torch.cuda.max_memory_allocated`` does not count (CUDA context, NCCL buffers, allocator slack) is
+kept apart: it decides ``fits``, not ``gpu_peak_bytes``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dsdoctor.model.inventory import Inventory
+
+MiB = 1024**2
+GiB = 1024**3
+CUBLAS_WORKSPACE = 32 * MiB  # torch's cuBLAS workspace on Hopper (":4096:8"), allocated through the caching allocator
+CUDA_CONTEXT = 600 * MiB  # per process, outside the caching allocator
+NCCL_BUFFERS = 512 * MiB  # per process with a multi-rank communicator, outside the caching allocator
+NORM_FP32_BYTES = 8  # RMSNorm: float32 copy and its square, per hidden element
+CHECKPOINT_SHARD = 5 * GiB  # transformers' default safetensors shard: held on the host while loading
+
+PATHS = ("plain", "tp", "zero3", "zero3-offload", "zero3-offload-nvme")
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+@dataclass
+class ModelShape:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    layers: int
+    gated_mlp: bool
+    kv_elems_per_token: list  # per layer: elements of keys + values for one position
+    kv_window: list  # per layer: positions kept (None: all)
+    logits_to_keep: bool
+    inventory: Inventory
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+
+def model_shape(spec, inv: Inventory) -> ModelShape:
+    raw = spec.raw.get("text_config") if isinstance(spec.raw.get("text_config"), dict) else spec.raw
+    layers = spec.num_layers
+    if raw.get("kv_lora_rank"):  # MLA: transformers caches decompressed per-head keys and values
+        qk = int(raw.get("qk_nope_head_dim", 0)) + int(raw.get("qk_rope_head_dim", 0))
+        per_token = spec.num_heads * (qk + int(raw.get("v_head_dim", spec.head_dim)))
+    else:
+        per_token = 2 * spec.num_kv_heads * spec.head_dim
+    window = spec.sliding_window
+    types = raw.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        windows = [window if (t == "sliding_attention" and window) else None for t in types]
+    elif window and raw.get("use_sliding_window", True) and spec.model_type in ("mistral", "mixtral", "qwen2", "starcoder2"):
+        windows = [window] * layers
+    else:
+        windows = [None] * layers
+    names = {p.module.rsplit(".", 1)[-1] for p in inv.params}
+    gated = bool(names & {"gate_proj", "w1", "gate_up_proj"}) or inv.counted_by == "formula"
+    return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                      spec.vocab_size, layers, gated, [per_token] * layers, windows, inv.supports_logits_to_keep, inv)
+
+
+def kv_bytes(shape: ModelShape, batch: int, positions: int, dtype_bytes: int, tp: int = 1,
+             layers: int | None = None) -> int:
+    """KV cache of ``layers`` layers (default all) holding ``positions`` positions for ``batch`` sequences."""
+    total = 0
+    for elems, window in list(zip(shape.kv_elems_per_token, shape.kv_window))[: layers if layers is not None else None]:
+        kept = min(positions, window) if window else positions
+        total += batch * kept * math.ceil(elems / tp) * dtype_bytes
+    return total
+
+
+# ------------------------------------------------------------------------------ activations per step
+
+def _layer_levels(shape: ModelShape, b: int, tp: int) -> dict[str, float]:
+    """Live activation bytes per token at each step of one decoder layer (beyond the KV cache).
+
+    ``base``: the embedding output (LlamaModel keeps ``inputs_embeds`` referenced), the layer's input (the
+    caller's variable) and the rotary cos/sin of the whole forward.
+    """
+    h = shape.hidden
+    q = math.ceil(shape.q_dim / tp)
+    k = math.ceil(shape.kv_elems_per_token[0] / 2 / tp)
+    i = math.ceil(shape.intermediate / tp)
+    base = b * 2 * h + 2 * b * shape.head_dim
+    levels = {
+        "input_layernorm": base + NORM_FP32_BYTES * h + b * h,
+        "q_proj": base + b * (h + q),
+        "k_proj": base + b * (h + q + k),
+        "v_proj": base + b * (h + q + 2 * k),
+        # rotary: q, q*cos, rotate_half(q), rotate_half(q)*sin live at once; then SDPA output
+        "attention": base + b * (h + 4 * q + 2 * k),
+        "o_proj": base + b * (h + q + h),
+        "post_attention_layernorm": base + b * h + NORM_FP32_BYTES * h + b * h,
+    }
+    if shape.gated_mlp:
+        levels.update({
+            "gate_proj": base + b * (2 * h + i),
+            "act_fn": base + b * (2 * h + 2 * i),
+            "up_proj": base + b * (2 * h + 2 * i),
+            "mul": base + b * (2 * h + 3 * i),  # act(gate) * up: three I-wide tensors at once
+            "down_proj": base + b * (3 * h + i),
+        })
+    else:
+        levels.update({"up_proj": base + b * (2 * h + i), "act_fn": base + b * (2 * h + 2 * i),
+                       "down_proj": base + b * (3 * h + i)})
+    return levels
+
+
+_ALIASES = {  # module name endings of other families -> the Llama step they play
+    "c_attn": "v_proj", "query_key_value": "v_proj", "qkv_proj": "v_proj", "wqkv": "v_proj",
+    "c_proj": "o_proj", "dense": "o_proj", "out_proj": "o_proj", "wo": "o_proj",
+    "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj", "c_fc": "up_proj", "fc1": "up_proj", "fc2": "down_proj",
+    "dense_h_to_4h": "up_proj", "dense_4h_to_h": "down_proj", "gate_up_proj": "act_fn",
+    "ln_1": "input_layernorm", "ln_2": "post_attention_layernorm", "attention_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm", "input_layernorm": "input_layernorm",
+}
+
+
+def _step_kind(module: str) -> str:
+    last = module.rsplit(".", 1)[-1]
+    return _ALIASES.get(last, last)
+
+
+# ------------------------------------------------------------------------------------------ the trace
+
+@dataclass
+class Step:
+    module: str
+    params: list  # [(param index, numel)]
+    level: float  # activation bytes per token during this step's forward
+    layer: int | None
+    virtual: bool = False  # not a module (no fetch/prefetch hook): a point inside a forward
+    attention: bool = False  # the KV cache grows here
+
+
+_LAYER_ORDER = {"input_layernorm": 0, "q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 1,
+                "post_attention_layernorm": 2, "gate_proj": 3, "up_proj": 3, "down_proj": 3}
+
+
+def trace_steps(shape: ModelShape, b: int, tp: int = 1) -> list[Step]:
+    """The modules one forward runs, in order, with containers (DeepSpeed hooks them too) and the
+    point between ``up_proj`` and ``down_proj`` where the MLP peaks."""
+    inv = shape.inventory
+    levels = _layer_levels(shape, b, tp)
+    mods = inv.modules()
+    index = {id(p): n for n, p in enumerate(inv.params)}
+
+    def sort_key(item):
+        pos, (name, params) = item
+        layer = params[0].layer
+        if layer is None:
+            return (0 if params[0].kind == "embedding" else 2, 0, 0, pos)
+        part = name.split(f".{layer}.", 1)[-1]
+        group = 1 if "attn" in part or "attention" in part.split(".")[0] else 3 if "mlp" in part or "feed" in part else None
+        order = _LAYER_ORDER.get(_step_kind(name), group if group is not None else 1)
+        return (1, layer, order, pos)
+
+    ordered = [m for _, m in sorted(enumerate(mods), key=sort_key)]
+    steps: list[Step] = [Step("<root>", [], b * shape.hidden, None), Step("<model>", [], b * shape.hidden, None)]
+    entered: set[str] = set()
+    aliases = {alias for alias, _owner in inv.tied}
+    emb_level = b * shape.hidden
+    for name, params in ordered:
+        parts = name.split(".")
+        layer = params[0].layer
+        for depth in range(1, len(parts)):
+            parent = ".".join(parts[:depth])
+            if parent not in entered and (layer is not None and f".{layer}" in "." + parent):
+                entered.add(parent)
+                steps.append(Step(parent, [], levels["input_layernorm"] - NORM_FP32_BYTES * shape.hidden - b * shape.hidden, layer))
+        kind = _step_kind(name)
+        plist = [(index[id(p)], p.numel) for p in params]
+        if layer is None:
+            if params[0].kind == "embedding":
+                steps.append(Step(name, plist, emb_level, None))
+                steps.append(Step("<rotary_emb>", [], emb_level + 2 * b * shape.head_dim, None))
+            elif params[0].kind == "lm_head":
+                steps.append(Step(name, plist, b * shape.hidden, None))
+            else:  # final norm: embeddings, last hidden state, float32 work
+                steps.append(Step(name, plist, 2 * b * shape.hidden + NORM_FP32_BYTES * shape.hidden, None))
+            continue
+        if kind == "up_proj" and shape.gated_mlp:
+            steps.append(Step(name.rsplit(".", 1)[0] + ".act_fn", [], levels["act_fn"], layer))
+        level = levels.get(kind, levels["attention"])
+        steps.append(Step(name, plist, level, layer, attention=(kind == "v_proj")))
+        if kind == "v_proj":
+            steps.append(Step(name.rsplit(".", 1)[0] + ".<sdpa>", [], levels["attention"], layer, virtual=True,
+                              attention=True))
+        if kind == "up_proj" and shape.gated_mlp:
+            steps.append(Step(name.rsplit(".", 1)[0] + ".<mul>", [], levels["mul"], layer, virtual=True))
+    for alias in sorted(aliases):  # a tied lm_head uses the embedding weight again at the end
+        owner = dict(inv.tied)[alias]
+        emb = [(index[id(p)], p.numel) for p in inv.params if p.module == owner]
+        steps.append(Step(alias, emb, b * shape.hidden, None))
+    return steps
+
+
+# --------------------------------------------------------------------------------- the gather model
+
+@dataclass(frozen=True)
+class Gather:
+    """How a rank obtains whole parameters: resident (nothing to do) or ZeRO-3 gathers."""
+    world: int = 1
+    zero3: bool = False
+    offload: str | None = None
+    persistence_threshold: int = 100_000
+    prefetch_bucket: int = 50_000_000
+    max_live: int = 1_000_000_000
+    max_reuse: int = 1_000_000_000
+
+
+def _aligned(n: int, world: int) -> int:
+    return math.ceil(n / world) * world
+
+
+@dataclass
+class Moment:
+    label: str
+    gathered: float  # bytes of whole parameters and gather buffers on the GPU
+    act: float  # activation bytes
+    kv: float
+    logits: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.gathered + self.act + self.kv + self.logits
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point of one forward, independent of the workload: gathered bytes, activation bytes per token."""
+    label: str
+    gathered: float
+    level: float
+    layer: int | None
+    attention: bool
+    end: bool = False  # after the forward: generate's float32 copy of the logits
+
+
+def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: bool,
+                  numel_of: list[int]) -> list[Point]:
+    """Replay DeepSpeed's fetch / prefetch / release over one forward (``partitioned_param_coordinator``)."""
+    points: list[Point] = []
+    zero_gather = g.zero3 and (g.world > 1 or g.offload)
+    persistent = {i for i, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
+    avail: dict[int, int] = {}  # param -> bytes of its whole copy
+    inflight: dict[int, int] = {}  # group id -> flat buffer bytes
+    group_of: dict[int, int] = {}
+    members: dict[int, list[int]] = {}
+    n_available = 0
+    most_recent: dict[int, int] = {}
+    real = [s for s in steps if not s.virtual]
+    queue = [(p, k) for k, s in enumerate(real) for p, _ in s.params if p not in persistent]
+    qpos = 0
+    prev = steps[0]
+    gid = 0
+    real_idx = -1
+
+    def held():
+        return sum(avail.values()) + sum(inflight.values())
+
+    def launch(params):
+        nonlocal gid, n_available
+        if not params:
+            return
+        gid += 1
+        if len(params) == 1 or g.world == 1:
+            for p in params:  # sequential all-gather / host copy: straight into the parameter's buffer
+                avail[p] = (_aligned(numel_of[p], g.world) if g.world > 1 else numel_of[p]) * b
+        else:  # coalesced: one flat buffer, copied out parameter by parameter on first use
+            inflight[gid] = sum(_aligned(numel_of[p], g.world) for p in params) * b
+            members[gid] = list(params)
+            for p in params:
+                group_of[p] = gid
+        n_available += sum(numel_of[p] for p in params)
+
+    for step in steps:
+        if step.virtual or not zero_gather:
+            points.append(Point(step.module, held(), step.level, step.layer, step.attention))
+            prev = step
+            continue
+        real_idx += 1
+        need = [p for p, _ in step.params if p not in persistent]
+        launch([p for p in need if p not in avail and p not in group_of])
+        for p in need:
+            if p in group_of:
+                grp = group_of[p]
+                copies = sum(numel_of[q] for q in members[grp]) * b
+                points.append(Point(step.module + " (wait)", held() + copies, prev.level, prev.layer, False))
+                for q in members.pop(grp):
+                    avail[q] = numel_of[q] * b
+                    group_of.pop(q, None)
+                inflight.pop(grp, None)
+        if prefetch:
+            wanted = {p for p in need if most_recent.get(p, -1) < real_idx}
+            while qpos < len(queue) and wanted:
+                p, k = queue[qpos]
+                qpos += 1
+                most_recent[p] = max(most_recent.get(p, -1), k)
+                wanted.discard(p)
+            budget = min(g.max_live - n_available, g.prefetch_bucket)
+            chosen, numel = [], 0
+            while qpos < len(queue) and numel < budget:
+                p, k = queue[qpos]
+                qpos += 1
+                most_recent[p] = max(most_recent.get(p, -1), k)
+                if p not in avail and p not in group_of and p not in chosen:
+                    chosen.append(p)
+                    numel += numel_of[p]
+            launch(chosen)
+        points.append(Point(step.module, held(), step.level, step.layer, step.attention))
+        prev = step
+        if need:  # release after the forward, unless used again within max_reuse_distance or prefetched
+            keep = set()
+            traversed = 0
+            for later in real[real_idx + 1:]:
+                if traversed >= g.max_reuse:
+                    break
+                for p, n in later.params:
+                    keep.add(p)
+                    traversed += n
+            for p in need:
+                if p in keep or most_recent.get(p, -1) > real_idx or p not in avail:
+                    continue
+                avail.pop(p)
+                n_available -= numel_of[p]
+    points.append(Point("<logits>", held(), 0.0, None, False, end=True))
+    return points
+
+
+def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
+               kv_transient: float, logits_bytes: float, lm_head_bytes: float) -> list[Moment]:
+    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer."""
+    out = []
+    done = -1
+    for pt in points:
+        if pt.layer is not None:
+            done = max(done, pt.layer - (0 if pt.attention else 1))
+            kv = kv_before + (kv_after - kv_before) * (done + 1) / layers
+        else:
+            kv = kv_after if done >= layers - 1 else kv_before
+        kv += kv_transient if pt.attention else 0
+        logits = logits_bytes if pt.end else (lm_head_bytes if pt.label.endswith("lm_head") else 0)
+        out.append(Moment(pt.label, pt.gathered, pt.level * tokens if not pt.end else 0, kv, logits))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- estimates
+
+@dataclass
+class PathMemory:
+    name: str
+    ranks: int
+    replicas: int  # independent batches served at once (data parallel)
+    gpu_peak_bytes: int
+    gpu_reserved_bytes: int
+    gpu_outside_allocator_bytes: int  # CUDA context, NCCL: counted for fits only
+    host_peak_bytes: int  # the whole host: every rank on it
+    peak_at: str
+    gpu_breakdown: dict
+    host_breakdown: dict
+    resident_weight_bytes: int
+    gathered_bytes_per_step: int  # weights a decode step must bring in (gather or host copy), per rank
+    notes: list = field(default_factory=list)
+
+
+def _pow2(n: int) -> int:
+    """torch's pinned host allocator rounds every block up to a power of two."""
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def _params_numel(inv: Inventory) -> list[int]:
+    return [p.numel for p in inv.params]
+
+
+def _tp_share(inv: Inventory, tp: int) -> int:
+    """Elements one AutoTP rank holds: linear layers, embedding and lm_head split; norms whole; a tied
+    lm_head gets its own slice."""
+    total = 0
+    for p in inv.params:
+        if p.kind in ("linear", "embedding", "lm_head") and len(p.shape) == 2:
+            total += math.ceil(p.numel / tp)
+        else:
+            total += p.numel
+    for alias, owner in inv.tied:
+        total += sum(math.ceil(p.numel / tp) for p in inv.params if p.module == owner)
+    return total
+
+
+def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict, list]:
+    """What ``deepspeed.initialize`` with an optimizer section builds (DeepSpeedZeroOptimizer_Stage3)."""
+    gpu, host, notes = {}, {}, []
+    if knobs is None or not knobs.has_optimizer or knobs.zero_stage != 3:
+        return gpu, host, notes
+    shard = math.ceil(numel / world)
+    gpu["reduce_bucket"] = knobs.reduce_bucket_size * b
+    if knobs.offload_optimizer in ("cpu", "nvme"):
+        host["optimizer_fp32_master"] = 4 * shard * world
+        host["optimizer_fp32_grads"] = 4 * shard * world
+    else:
+        gpu["optimizer_fp32_master"] = 4 * shard
+        gpu["optimizer_grad_partition"] = b * shard
+    notes.append("training-config optimizer state counted (Adam moments appear only at step())")
+    return gpu, host, notes
+
+
+def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemory | None:
+    """Memory of one load path; None when the path does not apply (tp on one GPU)."""
+    inv = shape.inventory
+    b = wl.dtype_bytes
+    n = hw.gpus
+    numel_of = _params_numel(inv)
+    total_numel = sum(numel_of)
+    weights = total_numel * b
+    B, S, final = wl.batch, wl.prompt_len, wl.final_len
+    notes: list[str] = []
+    if name == "tp":
+        if n < 2:
+            return None
+        tp, world, replicas = n, n, 1
+    elif name == "plain":
+        tp, world, replicas = 1, 1, n
+    else:
+        tp, world, replicas = 1, n, n
+    offload = {"zero3-offload": "cpu", "zero3-offload-nvme": "nvme"}.get(name)
+    zero3 = name.startswith("zero3")
+    defaults = dict(persistence_threshold=100_000, prefetch_bucket=50_000_000, max_live=1_000_000_000,
+                    max_reuse=1_000_000_000)
+    if knobs is not None:
+        defaults.update(persistence_threshold=knobs.param_persistence_threshold,
+                        prefetch_bucket=knobs.prefetch_bucket_size, max_live=knobs.max_live_parameters,
+                        max_reuse=knobs.max_reuse_distance)
+    g = Gather(world=world, zero3=zero3, offload=offload, **defaults)
+    persistent = [i for i, k in enumerate(numel_of) if zero3 and k <= g.persistence_threshold]
+    persistent_bytes = sum(numel_of[i] for i in persistent) * b
+
+    # resident weights on each GPU
+    if name == "plain":
+        resident = weights
+    elif name == "tp":
+        resident = _tp_share(inv, tp) * b
+    else:
+        shards = sum(math.ceil(k / world) for i, k in enumerate(numel_of)) * b
+        resident = (0 if offload else shards) + persistent_bytes
+    # load: building on the GPU (plain), slicing a host copy (tp), or zero.Init: every module is built
+    # whole on the GPU, then partitioned (to the host with offload)
+    load_peak = resident
+    if zero3:
+        done = 0
+        for k in numel_of:
+            shard = math.ceil(k / world) * b
+            load_peak = max(load_peak, done + k * b + (0 if offload else shard))
+            done += 0 if offload else shard
+        load_peak = max(load_peak, resident)
+
+    kv_prompt = kv_bytes(shape, B, S, b, tp)
+    kv_final = kv_bytes(shape, B, final, b, tp)
+    kv_layer_final = max(kv_bytes(shape, B, final, b, tp, layers=1) // 2, 0)
+    vocab = shape.vocab  # tp: LmHeadLinearAllreduce returns whole logits
+    logits_prefill_tokens = 1 if shape.logits_to_keep else S
+    logits_prefill = B * logits_prefill_tokens * vocab * b + B * vocab * 4
+    logits_decode = B * vocab * b + B * vocab * 4
+    fixed = resident + CUBLAS_WORKSPACE
+    key = (tp, b, g)
+    cache = shape.__dict__.setdefault("_points", {})
+    if key not in cache:
+        steps = trace_steps(shape, b, tp)
+        cache[key] = tuple(gather_points(steps, shape.layers, b, g, pf, numel_of) for pf in (False, True))
+    first_pts, warm_pts = cache[key]
+    lm_prefill = B * logits_prefill_tokens * vocab * b
+    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
+    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
+    decode = moments_of(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
+                        logits_decode, B * vocab * b)
+    candidates = [("load", Moment("load", 0, 0, 0), load_peak)]
+    for phase, moments in (("prefill", first + warm), ("decode", decode)):
+        for m in moments:
+            candidates.append((phase, m, fixed + m.total))
+    phase, moment, peak = max(candidates, key=lambda c: c[2])
+    if phase == "load":
+        breakdown = {"weights_resident": resident, "load_transient": load_peak - resident}
+        peak = load_peak
+    else:
+        breakdown = {"weights_resident": resident - persistent_bytes, "persistent_params": persistent_bytes,
+                     "gathered_params": moment.gathered, "kv_cache": moment.kv, "activations": moment.act,
+                     "logits": moment.logits, "cublas_workspace": CUBLAS_WORKSPACE}
+    t_gpu, t_host, t_notes = _training_extras(knobs if zero3 else None, total_numel, world, b)
+    notes += t_notes
+    for key, value in t_gpu.items():
+        breakdown[key] = value
+        peak += value
+    breakdown = {k: int(v) for k, v in breakdown.items() if v}
+    peak = int(peak)
+    # the caching allocator keeps freed blocks: the largest transient activation stays reserved
+    slack = max((m.act for m in warm), default=0) * 0.25 + 64 * MiB
+    reserved = int(peak + slack)
+    outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 else 0)
+
+    # host, all ranks of the machine together
+    host: dict[str, int] = {}
+    procs = n if name != "plain" or n > 1 else 1
+    if name == "plain":
+        host["checkpoint_while_loading"] = min(weights, CHECKPOINT_SHARD) * procs
+    elif name == "tp":
+        host["model_copy_while_sharding"] = weights * n
+    else:
+        host["checkpoint_while_loading"] = min(weights, CHECKPOINT_SHARD) * n
+    if offload == "cpu":
+        pinned = knobs.offload_param_pin_memory if knobs is not None and knobs.offload_param else True
+        per_rank = sum((_pow2(math.ceil(k / world) * b) if pinned else math.ceil(k / world) * b)
+                       for i, k in enumerate(numel_of) if i not in set(persistent))
+        host["offloaded_params_pinned" if pinned else "offloaded_params"] = per_rank * n
+    if offload == "nvme":
+        count = knobs.nvme_buffer_count if knobs is not None else 5
+        size = knobs.nvme_buffer_size if knobs is not None else 100_000_000
+        host["nvme_swap_buffers_pinned"] = _pow2(size * b) * count * n
+    for key, value in t_host.items():
+        host[key] = value
+    host_peak = sum(host.values())
+
+    if zero3 and (world > 1 or offload):
+        per_step = sum(numel_of[i] for i in range(len(numel_of)) if i not in set(persistent))
+        gathered_per_step = per_step * b
+    else:
+        gathered_per_step = 0
+    if zero3 and world == 1 and not offload:
+        notes.append("ZeRO-3 on one rank shards nothing: every parameter stays whole on the GPU")
+    return PathMemory(name, world, replicas, peak, reserved, outside, int(host_peak), phase, breakdown, host,
+                      int(resident), int(gathered_per_step), notes)

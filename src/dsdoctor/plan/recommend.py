@@ -1,0 +1,94 @@
+"""Pick the load path: the fastest among those that fit, by tokens/s over all GPUs.
+
+Plain loading serves one batch per GPU (replicas), ZeRO-3 one batch per rank, tensor parallelism one
+batch over all GPUs; so throughput per machine, not per rank, decides. On a tie the simpler path wins.
+"""
+from __future__ import annotations
+
+import json
+
+from dsdoctor.units import human_bytes
+
+PREFERENCE = ("plain", "tp", "zero3", "zero3-offload", "zero3-offload-nvme")
+
+
+def machine_tokens_per_s(path) -> float:
+    return path.tokens_per_s * path.replicas
+
+
+def choose(paths: list) -> object | None:
+    fitting = [p for p in paths if p.fits]
+    if not fitting:
+        return None
+    best = max(machine_tokens_per_s(p) for p in fitting)
+    close = [p for p in fitting if machine_tokens_per_s(p) >= 0.95 * best]
+    return min(close, key=lambda p: PREFERENCE.index(p.name))
+
+
+def ds_config_for(path: str, knobs=None) -> dict | None:
+    if not path.startswith("zero3"):
+        return None
+    zero = {"stage": 3}
+    if knobs is not None:
+        zero.update({
+            "stage3_prefetch_bucket_size": knobs.prefetch_bucket_size,
+            "stage3_param_persistence_threshold": knobs.param_persistence_threshold,
+            "stage3_max_live_parameters": knobs.max_live_parameters,
+        })
+    if path == "zero3-offload":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if path == "zero3-offload-nvme":
+        zero["offload_param"] = {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True}
+    return {"bf16": {"enabled": True}, "zero_optimization": zero, "train_micro_batch_size_per_gpu": 1}
+
+
+def code_for(path: str, model: str, gpus: int, dtype: str, knobs=None) -> str:
+    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
+    if path == "plain":
+        launch = (f"# one process per GPU, each with its own batch:\n#   torchrun --nproc_per_node {gpus} run.py\n"
+                  if gpus > 1 else "")
+        return (f"{launch}import os, torch\nfrom transformers import AutoModelForCausalLM\n"
+                f"device = f\"cuda:{{int(os.environ.get('LOCAL_RANK', 0))}}\"\n"
+                f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype}, device_map=device)\n"
+                f"out = model.generate(**inputs, max_new_tokens=N)\n")
+    if path == "tp":
+        return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
+                f"from transformers import AutoModelForCausalLM\n"
+                f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype})  # on the host\n"
+                f"engine = deepspeed.init_inference(model, tensor_parallel={{\"tp_size\": {gpus}}}, "
+                f"dtype={torch_dtype}, replace_with_kernel_inject=False)\n"
+                f"out = engine.module.generate(**inputs, max_new_tokens=N)  # same inputs on every rank\n")
+    cfg = json.dumps(ds_config_for(path, knobs), indent=2)
+    return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
+            f"from transformers import AutoModelForCausalLM\n"
+            f"from transformers.integrations import HfDeepSpeedConfig\n"
+            f"ds_config = {cfg}\n"
+            f"dschf = HfDeepSpeedConfig(ds_config)  # keep alive: from_pretrained loads under zero.Init\n"
+            f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype})\n"
+            f"engine = deepspeed.initialize(model=model, config=ds_config)[0]  # no optimizer\n"
+            f"engine.module.eval()\n"
+            f"out = engine.module.generate(**inputs, max_new_tokens=N, synced_gpus=True)\n")
+
+
+def why(chosen, paths: list, lang: str) -> str:
+    others = [p for p in paths if p is not chosen]
+    fits_others = [p for p in others if p.fits]
+    speed = machine_tokens_per_s(chosen)
+    peak = human_bytes(chosen.gpu_peak_bytes)
+    if lang == "zh":
+        text = f"{chosen.name} 放得下（每卡峰值 {peak}），整机约 {speed:.0f} token/s"
+        if fits_others:
+            best_other = max(fits_others, key=machine_tokens_per_s)
+            text += f"；次优 {best_other.name} 约 {machine_tokens_per_s(best_other):.0f} token/s"
+        unfit = [p.name for p in others if not p.fits]
+        if unfit:
+            text += f"；放不下：{', '.join(unfit)}"
+        return text
+    text = f"{chosen.name} fits (peak {peak} per GPU) and is fastest: about {speed:.0f} tokens/s for the machine"
+    if fits_others:
+        best_other = max(fits_others, key=machine_tokens_per_s)
+        text += f"; next best {best_other.name} at about {machine_tokens_per_s(best_other):.0f} tokens/s"
+    unfit = [p.name for p in others if not p.fits]
+    if unfit:
+        text += f"; does not fit: {', '.join(unfit)}"
+    return text
