@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	touch $(STAMP)
 
 example: $(STAMP)
-	$(BIN)/dsdoctor diagnose --out dsdoctor-out
+	$(BIN)/dsdoctor diagnose --out dsdoctor-out --force
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

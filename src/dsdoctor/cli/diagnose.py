@@ -1,0 +1,48 @@
+"""``dsdoctor diagnose``: the whole troubleshooting as one command (the README's main job)."""
+from __future__ import annotations
+
+from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of
+
+EXAMPLES = """\
+  dsdoctor diagnose                                   # the bundled example: a ZeRO-3 offload training config, 7B model
+  dsdoctor diagnose --config ds_z3_offload.json --model ./Llama-3.1-8B --gpus 1 --gpu-memory 80GiB
+  dsdoctor diagnose --config ds.json --model ./m --checkpoint ./ckpt --out diag   # also merge + verify the shards
+  dsdoctor diagnose --config ds.json --model ./m -- deepspeed --num_gpus 2 infer.py   # also trace (and A/B on a GPU)"""
+
+
+def register(sub):
+    p = add_command(
+        sub, "diagnose", "run the whole troubleshooting and write one report", EXAMPLES,
+        description="Walk the troubleshooting in order: what takes effect (check, trace), whether inference needs "
+                    "ZeRO-3 (plan), the inference config (split), the A/B peak (ab), and the way out (merge + plain "
+                    "load, tensor parallel xor ZeRO-3, or ZeRO-3 with offload_param) with the exact commands. "
+                    "Writes OUT/report.md, OUT/report.html, OUT/report.json and OUT/ds_inference.json.",
+    )
+    p.add_argument("--config", help="the DeepSpeed config your inference uses (default: the bundled example)")
+    p.add_argument("--model", help="local model directory or config.json (default: the bundled 7B example)")
+    p.add_argument("--gpus", type=int, default=None, help="GPUs for inference (default: detected, else 1)")
+    p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
+    p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: this machine's)")
+    p.add_argument("--batch", type=int, default=1, help="sequences each rank generates at once (default: 1)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
+    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
+    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the model's)")
+    p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")
+    p.add_argument("--out", default="dsdoctor-out", help="report directory (default: dsdoctor-out)")
+    p.add_argument("--force", action="store_true", help="replace an existing report directory")
+    p.add_argument("--timeout", type=float, default=None, help="watchdog for a traced command, seconds")
+    p.add_argument("command", nargs="*", help="after --: your inference command, to trace (and A/B on a GPU)")
+    add_output_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dsdoctor.diagnose import diagnose, diagnose_exit_code
+
+    result = diagnose(config=args.config, model=args.model, gpus=args.gpus, gpu_memory=args.gpu_memory,
+                      host_memory=args.host_memory, batch=args.batch, prompt_len=args.prompt_len,
+                      new_tokens=args.new_tokens, dtype=args.dtype, checkpoint=args.checkpoint,
+                      command=args.command or None, out=args.out, force=args.force, timeout=args.timeout,
+                      lang=lang_of(args))
+    emit(result, args)
+    return diagnose_exit_code(result, args.fail_on)
