@@ -310,7 +310,7 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
                 if spec:
                     nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb)
                 else:
-                    nbytes = f"params < {human_count(v.value)} elements"
+                    nbytes = "? (--model)"
             else:
                 limit = v.value if not spec else min(v.value, spec.num_params)
                 nbytes = human_bytes(limit * eb)
@@ -327,6 +327,13 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     # DSD111: ZeRO-3 on one GPU without offload
     if infer and gpus == 1 and eff.zero_stage == 3 and not eff.offload_param.enabled:
         found.append(Finding("DSD111", {"gpus": gpus}))
+
+    # DSD115: ZeRO-1/2 at inference (no weight sharding; asserts without an optimizer)
+    if infer and eff.zero_stage in (1, 2):
+        f = Finding("DSD115", {"stage": eff.zero_stage, "has_optimizer": eff.has_optimizer})
+        if not eff.has_optimizer:
+            f.severity = "error"
+        found.append(f)
 
     # DSD112: training-only keys
     if infer:
