@@ -10,8 +10,8 @@ rule(
     "DSD101", "optimizer-in-inference", "error",
     message={
         "en": "optimizer section ({optimizer}) in an inference config: deepspeed.initialize builds a ZeRO optimizer "
-              "that takes about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
-        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用约 "
+              "that takes up to about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
+        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用最多约 "
               "{host} 主机内存，外加 {bucket} 的 GPU reduce bucket",
     },
     fix={
