@@ -268,8 +268,6 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
         crash = [v for v in autos if v.value is None and v.key.split(".")[0] in
                  ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "optimizer", "scheduler")]
-        if infer:  # optimizer/scheduler go away with split; still listed, they crash today
-            pass
         parts = []
         for v in autos:
             parts.append(f"{v.key} -> TypeError" if v in crash else f"{v.key} -> {_show(v.value)}")
