@@ -4,6 +4,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsdoctor.config.check import INIT_INFERENCE_ALL_KEYS, check
 from dsdoctor.config.effective import (
@@ -47,6 +49,36 @@ def test_key_tables_match_deepspeed_models():
     assert INIT_INFERENCE_ALL_KEYS == _model_keys(DeepSpeedInferenceConfig)
     assert REMOVED_TOP_LEVEL_KEYS == set(ds_config._REMOVED_TOP_LEVEL_CONFIG_KEYS)
     assert REMOVED_ZERO_KEYS == set(ds_config._REMOVED_ZERO_CONFIG_KEYS)
+
+
+def test_type_tables_match_deepspeed_annotations():
+    import typing
+
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
+    )
+
+    from dsdoctor.config.effective import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
+
+    def expected(model):
+        out = {}
+        for name, f in model.model_fields.items():
+            ann, meta = f.annotation, {type(m).__name__: m for m in f.metadata}
+            lo = meta["Ge"].ge if "Ge" in meta else meta["Gt"].gt + 1 if "Gt" in meta else None
+            if ann is bool:
+                out[name] = "bool"
+            elif ann == typing.Optional[bool]:
+                out[name] = "optbool"
+            elif ann is int:
+                out[name] = ("int", lo)
+            elif ann is float:
+                out[name] = "ratio"
+        return out
+
+    assert ZERO_TYPES == expected(DeepSpeedZeroConfig)
+    assert OFFLOAD_PARAM_TYPES == expected(DeepSpeedZeroOffloadParamConfig)
+    assert OFFLOAD_OPTIMIZER_TYPES == expected(DeepSpeedZeroOffloadOptimizerConfig)
 
 
 def _deepspeed_reading(raw):
@@ -108,3 +140,100 @@ def test_accelerate_yaml_matches_accelerate_plugin(path, monkeypatch):
         assert ours[key] == theirs[key]
     eff = effective_settings(ours)
     assert (eff.zero_stage, eff.offload_param.device) == _deepspeed_reading(theirs)[:2]
+
+
+SPLITTABLE = [p for p in FILES if not load_config(p).ref_missing]
+
+
+@pytest.mark.parametrize("path", SPLITTABLE, ids=[p.name[:70] for p in SPLITTABLE])
+def test_split_of_every_corpus_config_is_accepted_by_deepspeed(path, tmp_path):
+    """DeepSpeedConfig (the parser deepspeed.initialize runs) accepts every split config, with the stage and
+    offload_param kept and no optimizer."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from dsdoctor.config.split import split
+
+    loaded = load_config(path)
+    before = effective_settings(loaded.raw)
+    result = split(loaded, tmp_path / "infer.json")
+    if result.config.get("aio", {}).get("use_gds"):
+        pytest.skip("GPUDirect Storage config: DeepSpeed asserts a CUDA accelerator when parsing it")
+    parsed = DeepSpeedConfig(result.config)
+    assert parsed.optimizer_name is None and parsed.scheduler_name is None
+    assert parsed.train_micro_batch_size_per_gpu >= 1
+    assert int(parsed.zero_optimization_stage) == (3 if before.zero_stage == 3 else 0)
+    if before.zero_stage == 3:
+        want = before.offload_param.device
+        got = parsed.zero_config.offload_param.device if parsed.zero_config.offload_param else "none"
+        assert got == want
+
+
+def test_unfilled_auto_really_crashes_deepspeed():
+    """DSD105's claim: raw DeepSpeed does not fill "auto" in top-level numbers; it fails with a TypeError."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from tests.helpers import EXAMPLES
+
+    raw = load_config(EXAMPLES / "train_zero3_offload.json").raw
+    with pytest.raises(TypeError):
+        DeepSpeedConfig(raw)
+
+
+_leaf = (st.none() | st.booleans() | st.integers(-3, 10**10) | st.floats(allow_nan=False, allow_infinity=False)
+         | st.sampled_from(["auto", "cpu", "nvme", "none", "gpu", "3", "true", "", "/tmp/nvme"]))
+_zero_keys = st.sampled_from(["stage", "offload_param", "offload_optimizer", "stage3_prefetch_bucket_size",
+                              "prefetch_bucket_size", "reduce_bucket_size", "overlap_comm", "sub_group_size",
+                              "stage3_max_live_parameters", "_comment", "cpu_offload", "bogus"])
+_offload = st.dictionaries(st.sampled_from(["device", "pin_memory", "nvme_path", "buffer_count", "ratio", "x"]),
+                           _leaf, max_size=3)
+_zero = st.dictionaries(_zero_keys, _leaf | _offload, max_size=5)
+_prec = st.dictionaries(st.sampled_from(["enabled", "loss_scale", "min_loss_scale", "fp16", "auto_cast"]), _leaf,
+                        max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=st.fixed_dictionaries({}, optional={
+    "zero_optimization": _zero, "fp16": _prec, "bf16": _prec, "optimizer": st.just({"type": "Adam"}),
+    "train_batch_size": _leaf, "train_micro_batch_size_per_gpu": _leaf, "gradient_clipping": _leaf,
+    "amp": st.just({"enabled": True}), "tensor_parallel": st.dictionaries(st.just("autotp_size"), _leaf),
+}))
+def test_fuzz_what_dsdoctor_accepts_splits_into_a_config_deepspeed_accepts(doc):
+    """Property: whenever dsdoctor reads a config without an InputError, its split is a config that
+    DeepSpeedConfig parses, with stage 3 kept and everything else at stage 0."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from dsdoctor.config.split import inference_config
+    from dsdoctor.errors import InputError
+
+    try:
+        eff = effective_settings(doc)
+        new, _ = inference_config(load_config(doc))
+    except InputError:
+        return
+    parsed = DeepSpeedConfig(new)
+    assert int(parsed.zero_optimization_stage) == (3 if eff.zero_stage == 3 else 0)
+    assert parsed.optimizer_name is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=st.fixed_dictionaries({}, optional={"zero_optimization": _zero, "fp16": _prec, "bf16": _prec,
+                                               "amp": st.just({"enabled": True})}))
+def test_fuzz_dsdoctor_rejects_exactly_what_deepspeed_rejects(doc):
+    """Property, both ways: DeepSpeed's parsers reject a section iff dsdoctor reports a rejected key (DSD114)
+    or refuses the value outright (InputError); when both accept, they agree on stage, offload and dtype."""
+    from dsdoctor.errors import InputError
+
+    try:
+        theirs = _deepspeed_reading(doc)
+    except Exception:
+        theirs = None
+    try:
+        eff = effective_settings(doc)
+    except InputError:
+        assert theirs is None, f"dsdoctor refused a config DeepSpeed accepts: {doc}"
+        return
+    if theirs is None:
+        assert eff.invalid_keys, f"DeepSpeed rejects {doc}, dsdoctor found nothing"
+    else:
+        assert not eff.invalid_keys, f"false DSD114 on a config DeepSpeed accepts: {eff.invalid_keys}"
+        assert (eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device, eff.dtype) == theirs

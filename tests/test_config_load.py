@@ -1,8 +1,5 @@
 """The loader and effective settings: every spelling real configs use, and every way input can be bad."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +8,7 @@ from hypothesis import strategies as st
 from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.load import MAX_BYTES, load_config
 from dsdoctor.errors import InputError
-from tests.helpers import EXAMPLES, run_cli
+from tests.helpers import run_cli
 
 
 def write(tmp_path, name, content):

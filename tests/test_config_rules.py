@@ -31,7 +31,7 @@ def only(result, code):
 # (code, config, check kwargs, substrings of the English message, substrings of the Chinese message)
 CASES = [
     ("DSD101", dict(CLEAN, optimizer={"type": "AdamW", "params": {"lr": 1e-5}}), {"model": True},
-     ["optimizer section (AdamW)", "MiB of extra host memory per rank", "GPU reduce bucket"],
+     ["optimizer section (AdamW)", "up to about", "MiB of extra host memory per rank", "GPU reduce bucket"],
      ["optimizer 段（AdamW）", "MiB 主机内存"]),
     ("DSD102", dict(z3(offload_optimizer={"device": "cpu"}), optimizer={"type": "Adam"}), {"model": True},
      ["offload_optimizer.device = cpu", "MiB of fp32 master weights per node go to cpu"], ["MiB 的 fp32 主权重"]),
@@ -49,12 +49,14 @@ CASES = [
     ("DSD108", z3(offload_param={"device": "nvme"}), {},
      ["zero_optimization.offload_param.device = nvme but nvme_path is not set"], ["nvme_path"]),
     ("DSD109", z3(stage3_param_persistence_threshold=int(1e9)), {"model": True},
-     ["stage3_param_persistence_threshold = 1.00B (DeepSpeed default 100.00K)", "MiB"], ["每张 GPU"]),
+     ["stage3_param_persistence_threshold = 1.00B (DeepSpeed default 100.00K)", "MiB of weights held on every GPU"], ["每张 GPU"]),
     ("DSD110", {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1},
      {"model": True}, ["fp16 is enabled (fp16.enabled = true)", "weights are bf16"], ["启用了 fp16"]),
     ("DSD111", z3(), {"gpus": 1}, ["ZeRO-3 on 1 GPU without offload_param"], ["1 张 GPU"]),
     ("DSD112", dict(z3(reduce_bucket_size=1000), gradient_clipping=1.0), {},
      ["2 training-only key(s)", "gradient_clipping", "zero_optimization.reduce_bucket_size"], ["2 个仅用于训练的键"]),
+    ("DSD115", {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}, {},
+     ["ZeRO stage 2 at inference", "zero stage 2 requires an optimizer"], ["每张 GPU 仍保存全部权重"]),
     ("DSD114", z3(_offload_param={"device": "cpu"}, stage3_max_reuse_distance=-1), {},
      ["zero_optimization._offload_param", "leading underscore"], ["DeepSpeed 会拒绝此键"]),
 ]
@@ -101,6 +103,13 @@ def test_offload_optimizer_without_optimizer_is_a_training_only_key():
     assert "zero_optimization.offload_optimizer" in only(result, "DSD112").message("en")
 
 
+def test_dsd115_is_an_error_only_without_optimizer():
+    assert only(check({"zero_optimization": {"stage": 1}}), "DSD115").effective_severity == "error"
+    with_opt = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "Adam"}}
+    assert only(check(with_opt), "DSD115").effective_severity == "warning"
+    assert "DSD115" not in {f.code for f in check(with_opt, mode="training").findings}
+
+
 def test_dsd105_is_an_error_when_something_crashes_and_a_warning_otherwise():
     assert only(check(dict(CLEAN, train_batch_size="auto")), "DSD105").effective_severity == "error"
     assert only(check(z3(stage3_prefetch_bucket_size="auto")), "DSD105").effective_severity == "warning"
@@ -116,7 +125,7 @@ def test_tp_flag_and_accelerate_num_processes(tmp_path):
 
 def test_every_rule_explains_in_both_languages():
     rules = {c: r for c, r in all_rules().items() if c.startswith("DSD1")}
-    assert set(rules) == {f"DSD1{n:02d}" for n in range(1, 15)}
+    assert set(rules) == {f"DSD1{n:02d}" for n in range(1, 16)}
     for code in rules:
         for lang, heads in (("en", ("What it does", "Why is this bad?", "Example", "Use instead")),
                             ("zh", ("作用", "为什么有问题？", "示例", "应改为"))):

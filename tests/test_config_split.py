@@ -1,7 +1,6 @@
 """split: what it drops, keeps and resolves, and how it writes (without launching DeepSpeed)."""
 import copy
 import json
-import os
 
 import pytest
 
@@ -10,7 +9,7 @@ from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.split import split
 from dsdoctor.config.split_table import TABLE
 from dsdoctor.errors import InputError
-from tests.helpers import EXAMPLES, run_cli, write_model_config
+from tests.helpers import EXAMPLES, run_cli
 
 EXAMPLE = EXAMPLES / "train_zero3_offload.json"
 

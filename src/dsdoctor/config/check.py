@@ -268,8 +268,6 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
         crash = [v for v in autos if v.value is None and v.key.split(".")[0] in
                  ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "optimizer", "scheduler")]
-        if infer:  # optimizer/scheduler go away with split; still listed, they crash today
-            pass
         parts = []
         for v in autos:
             parts.append(f"{v.key} -> TypeError" if v in crash else f"{v.key} -> {_show(v.value)}")
@@ -310,7 +308,7 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
                 if spec:
                     nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb)
                 else:
-                    nbytes = f"params < {human_count(v.value)} elements"
+                    nbytes = "? (--model)"
             else:
                 limit = v.value if not spec else min(v.value, spec.num_params)
                 nbytes = human_bytes(limit * eb)
@@ -327,6 +325,13 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     # DSD111: ZeRO-3 on one GPU without offload
     if infer and gpus == 1 and eff.zero_stage == 3 and not eff.offload_param.enabled:
         found.append(Finding("DSD111", {"gpus": gpus}))
+
+    # DSD115: ZeRO-1/2 at inference (no weight sharding; asserts without an optimizer)
+    if infer and eff.zero_stage in (1, 2):
+        f = Finding("DSD115", {"stage": eff.zero_stage, "has_optimizer": eff.has_optimizer})
+        if not eff.has_optimizer:
+            f.severity = "error"
+        found.append(f)
 
     # DSD112: training-only keys
     if infer:

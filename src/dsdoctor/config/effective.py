@@ -75,6 +75,54 @@ FP16_FIELDS = frozenset({
 BF16_FIELDS = frozenset({
     "bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow", "enabled", "immediate_grad_update",
 })
+# value types of the scalar fields (pydantic annotations in DeepSpeed 0.19.8; tests compare with the models).
+# ("int", minimum) | "bool" | "optbool" (null allowed) | "ratio" (float in [0, 1]); sections are not listed.
+_INT0, _INT1 = ("int", 0), ("int", 1)
+ZERO_TYPES = {
+    "contiguous_gradients": "bool", "reduce_scatter": "bool", "reduce_bucket_size": _INT1,
+    "use_multi_rank_bucket_allreduce": "bool", "allgather_partitions": "bool", "allgather_bucket_size": _INT0,
+    "overlap_comm": "optbool", "compute_grad_norm": "bool", "load_from_fp32_weights": "bool",
+    "elastic_checkpoint": "bool", "sub_group_size": _INT0, "cpu_offload_param": "optbool",
+    "cpu_offload_use_pin_memory": "optbool", "cpu_offload": "optbool", "prefetch_bucket_size": _INT0,
+    "param_persistence_threshold": _INT0, "model_persistence_threshold": _INT0, "max_live_parameters": _INT0,
+    "max_reuse_distance": _INT0, "gather_16bit_weights_on_model_save": "bool",
+    "module_granularity_threshold": ("int", None), "use_all_reduce_for_fetch_params": "bool",
+    "allgather_sequential": "bool", "stage3_gather_fp16_weights_on_model_save": "bool",
+    "ignore_unused_parameters": "bool", "legacy_stage1": "bool", "round_robin_gradients": "bool",
+    "parameter_alignment": "bool", "zero_hpz_partition_size": _INT0, "zero_quantized_weights": "bool",
+    "zero_quantized_nontrainable_weights": "bool", "zero_quantized_gradients": "bool",
+    "memory_efficient_linear": "bool", "pipeline_loading_checkpoint": "bool", "override_module_apply": "bool",
+    "log_trace_cache_warnings": "bool", "enable_sanity_checks": "bool", "save_muon_momentum_buffer_in_memory": "bool",
+}
+OFFLOAD_PARAM_TYPES = {"buffer_count": _INT0, "buffer_size": _INT0, "max_in_cpu": _INT0, "pin_memory": "bool"}
+OFFLOAD_OPTIMIZER_TYPES = {
+    "buffer_count": _INT0, "pin_memory": "bool", "pipeline_read": "bool", "pipeline_write": "bool",
+    "fast_init": "bool", "ratio": "ratio", "super_offload": "bool", "cpuadam_cores_perc": "ratio",
+}
+
+
+def _type_errors(section: dict | None, types: dict, where: str, invalid: list, aliases: dict | None = None) -> None:
+    """Append (key, why) for every scalar DeepSpeed's pydantic model would reject ("auto" is dropped there)."""
+    for key, value in (section or {}).items():
+        kind = types.get((aliases or {}).get(key, key))
+        if kind is None or value == AUTO:
+            continue
+        path = f"{where}{key}"
+        try:
+            if kind == "optbool":
+                if value is not None:
+                    _as_bool(path, value)
+            elif kind == "bool":
+                _as_bool(path, value)
+            elif kind == "ratio":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                    raise _bad(path, f"must be a number between 0 and 1, not {value!r}")
+            else:
+                _as_int(path, value, minimum=kind[1] if kind[1] is not None else -(2**63))
+        except InputError as exc:
+            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+
+
 # top-level keys that DeepSpeed 0.19.8 rejects outright (runtime/config.py _REMOVED_TOP_LEVEL_CONFIG_KEYS)
 REMOVED_TOP_LEVEL_KEYS = frozenset({
     "nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
@@ -186,12 +234,14 @@ def _bad(key: str, problem: str):
 
 def _as_int(key: str, value: Any, minimum: int = 0) -> int:
     if isinstance(value, bool):
-        return int(value)  # pydantic accepts true/false as 1/0
-    if isinstance(value, int):
+        out = int(value)  # pydantic accepts true/false as 1/0
+    elif isinstance(value, int):
         out = value
     elif isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
             raise _bad(key, f"must be a whole number, not {value!r}")
+        if abs(value) >= 2**63:
+            raise _bad(key, f"is too large: {value!r}")
         out = int(value)
     elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
         out = int(value.strip())
@@ -214,6 +264,13 @@ def _as_bool(key: str, value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise _bad(key, f"must be true or false, not {value!r}")
+
+
+def _bool_or_false(value: Any) -> bool:
+    try:
+        return _as_bool("", value)
+    except InputError:
+        return False
 
 
 def _as_stage(key: str, value: Any) -> int:
@@ -241,6 +298,15 @@ def _section(raw: dict, key: str, where: str) -> dict | None:
     if not isinstance(value, dict):
         raise _bad(f"{where}{key}", f"must be an object, not {type(value).__name__} {value!r}")
     return value
+
+
+def _read_soft(section, keys, where, parse, default, *, canonical):
+    """``_read`` for values whose errors ``_type_errors`` already collected: a bad value reads as the default."""
+    try:
+        return _read(section, keys, where, parse, default, canonical=canonical)
+    except InputError:
+        key = next(k for k in keys if k in section)
+        return Value(f"{where}{key}", SET, section[key], default, default, note="invalid: DeepSpeed rejects it")
 
 
 def _read(section: dict | None, keys: tuple[str, ...], where: str, parse, default, *, canonical: str) -> Value:
@@ -301,6 +367,7 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
             if canonical in zero and alias in zero:
                 invalid.append((zw + canonical, f"given twice, as {alias} and {canonical}"))
 
+    _type_errors(zero, ZERO_TYPES, zw, invalid, {a: c for c, a in STAGE3_ALIASES.items()})
     stage_v = _read(zero, ("stage",), zw, lambda k, v: _as_stage(k, v), 0, canonical="stage")
     values["zero_stage"] = stage_v
     stage = stage_v.value
@@ -309,9 +376,7 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
         keys = (STAGE3_ALIASES[canonical], canonical) if canonical in STAGE3_ALIASES else (canonical,)
         try:
             v = _read(zero, keys, zw, lambda k, x: _as_int(k, x), ZERO_DEFAULTS[canonical], canonical=keys[0])
-        except InputError as exc:  # a bad knob: DeepSpeed raises; report it and carry on with the default
-            invalid.append((exc.problem.split(":", 1)[0], exc.problem.split(": ", 1)[-1]
-                            + " (DeepSpeedZeroConfig raises a ValidationError)"))
+        except InputError:  # a bad knob, already in invalid (_type_errors): carry on with the default
             key = next(k for k in keys if k in zero)
             v = Value(zw + key, SET, zero[key], ZERO_DEFAULTS[canonical], ZERO_DEFAULTS[canonical],
                       note="invalid: DeepSpeed rejects it")
@@ -338,11 +403,11 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
     # legacy booleans: cpu_offload_param / cpu_offload (DeepSpeed maps them when the new key is absent)
     if zero is not None:
         if not offload_param.present and zero.get("cpu_offload_param") not in (None, AUTO):
-            if _as_bool(zw + "cpu_offload_param", zero["cpu_offload_param"]):
+            if _bool_or_false(zero["cpu_offload_param"]):
                 offload_param.device, offload_param.present = "cpu", True
                 values["offload_param.device"] = Value(zw + "cpu_offload_param", SET, zero["cpu_offload_param"], "cpu", "none")
         if not offload_optimizer.present and zero.get("cpu_offload") not in (None, AUTO):
-            if _as_bool(zw + "cpu_offload", zero["cpu_offload"]):
+            if _bool_or_false(zero["cpu_offload"]):
                 offload_optimizer.device, offload_optimizer.present = "cpu", True
                 values["offload_optimizer.device"] = Value(zw + "cpu_offload", SET, zero["cpu_offload"], "cpu", "none")
 
@@ -375,8 +440,10 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
                     if isinstance(rv, bool) or not isinstance(rv, (int, float)):
                         raise _bad(key, f"must be a number, not {rv!r}")
                     parsed = rv
-                else:
-                    parsed = _as_int(key, rv, minimum=1 if key != "train_batch_size" else 0)
+                else:  # read with get_scalar_param: no conversion, a string or a float breaks the arithmetic
+                    if isinstance(rv, bool) or not isinstance(rv, int):
+                        raise _bad(key, f"must be an integer, not {rv!r} (DeepSpeed does not convert it)")
+                    parsed = _as_int(key, rv, minimum=1)
                 values[key] = Value(key, SET, rv, parsed, None)
         else:
             values[key] = Value(key, UNSET, None, None, None)
@@ -420,31 +487,32 @@ def _offload(zero: dict | None, name: str, values: dict, invalid: list, *, param
         values[f"{name}.section"] = Value(zw + name, AUTO, AUTO, None, None, note="dropped by DeepSpeed: no offload")
     if section is not None:
         allowed = OFFLOAD_PARAM_FIELDS if param else OFFLOAD_OPTIMIZER_FIELDS
+        _type_errors(section, OFFLOAD_PARAM_TYPES if param else OFFLOAD_OPTIMIZER_TYPES, where, invalid)
         for k in section:
             if k not in allowed:
                 invalid.append((where + k, f"unknown key: the {name} config forbids extra keys and raises a "
                                            "ValidationError"))
     dev = _read(section, ("device",), where, _as_device, "none", canonical="device")
-    pin = _read(section, ("pin_memory",), where, _as_bool, True, canonical="pin_memory")
+    pin = _read_soft(section, ("pin_memory",), where, _as_bool, True, canonical="pin_memory")
     nvme = _read(section, ("nvme_path",), where, lambda k, v: None if v is None else str(v), None,
                  canonical="nvme_path")
-    bcount = _read(section, ("buffer_count",), where, lambda k, v: _as_int(k, v), 5 if param else 4,
+    bcount = _read_soft(section, ("buffer_count",), where, lambda k, v: _as_int(k, v), 5 if param else 4,
                    canonical="buffer_count")
     for n, v in (("device", dev), ("pin_memory", pin), ("nvme_path", nvme), ("buffer_count", bcount)):
         values[f"{name}.{n}"] = v
     off = Offload(device=dev.value, pin_memory=pin.value, nvme_path=nvme.value, buffer_count=bcount.value,
                   present=section is not None)
     if param:
-        off.buffer_size = _read(section, ("buffer_size",), where, lambda k, v: _as_int(k, v), 100_000_000,
+        off.buffer_size = _read_soft(section, ("buffer_size",), where, lambda k, v: _as_int(k, v), 100_000_000,
                                 canonical="buffer_size").value
-        off.max_in_cpu = _read(section, ("max_in_cpu",), where, lambda k, v: _as_int(k, v), 1_000_000_000,
+        off.max_in_cpu = _read_soft(section, ("max_in_cpu",), where, lambda k, v: _as_int(k, v), 1_000_000_000,
                                canonical="max_in_cpu").value
     else:
         def ratio(k, v):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise _bad(k, f"must be a number between 0 and 1, not {v!r}")
             return float(v)
-        off.ratio = _read(section, ("ratio",), where, ratio, 1.0, canonical="ratio").value
+        off.ratio = _read_soft(section, ("ratio",), where, ratio, 1.0, canonical="ratio").value
     off.values = {n: values[f"{name}.{n}"] for n in ("device", "pin_memory", "nvme_path", "buffer_count")}
     return off
 
@@ -496,7 +564,7 @@ def _tensor_parallel(raw: dict, values: dict) -> tuple[int, str | None]:
     tp = raw.get("tensor_parallel")
     if isinstance(tp, dict):
         for k in ("autotp_size", "tp_size"):
-            if tp.get(k) not in (None, AUTO):
+            if k in tp and tp[k] != AUTO:
                 found.append((_as_int(f"tensor_parallel.{k}", tp[k]), f"tensor_parallel.{k}"))
         inner = tp.get("tp")
         if isinstance(inner, dict) and inner.get("tp_size") not in (None, AUTO):

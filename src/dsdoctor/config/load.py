@@ -225,7 +225,7 @@ def _int_or_none(value):
         return None
 
 
-def _read_ref(yaml_path: Path, ref: str, what: str) -> tuple[Path, dict | None]:
+def _read_ref(yaml_path: Path, ref: str) -> tuple[Path, dict | None]:
     ref_path = Path(os.path.expanduser(ref))
     if not ref_path.is_absolute():
         # accelerate and the trainers resolve against the working directory; the YAML's own directory is the
@@ -251,7 +251,7 @@ def _from_accelerate_yaml(path: Path, data: dict, ds: Any) -> LoadedConfig:
     if ref not in (None, "none", ""):
         if not isinstance(ref, str):
             raise InputError(f"deepspeed_config_file must be a path, not {ref!r}", path=path)
-        ref_path, ref_data = _read_ref(path, ref, "deepspeed_config_file")
+        ref_path, ref_data = _read_ref(path, ref)
         loaded.ref_path = str(ref_path)
         if ref_data is None:
             loaded.ref_missing = True
@@ -309,7 +309,7 @@ def _from_trainer_yaml(path: Path, data: dict) -> LoadedConfig:
     ref = data["deepspeed"]
     mixed = "bf16" if data.get("bf16") is True else "fp16" if data.get("fp16") is True else None
     loaded = LoadedConfig(path=str(path), raw={}, kind="trainer-yaml", source=None, mixed_precision=mixed)
-    ref_path, ref_data = _read_ref(path, ref, "deepspeed")
+    ref_path, ref_data = _read_ref(path, ref)
     loaded.ref_path = str(ref_path)
     if ref_data is None:
         loaded.ref_missing = True

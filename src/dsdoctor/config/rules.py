@@ -10,8 +10,8 @@ rule(
     "DSD101", "optimizer-in-inference", "error",
     message={
         "en": "optimizer section ({optimizer}) in an inference config: deepspeed.initialize builds a ZeRO optimizer "
-              "that takes about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
-        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用约 "
+              "that takes up to about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
+        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用最多约 "
               "{host} 主机内存，外加 {bucket} 的 GPU reduce bucket",
     },
     fix={
@@ -428,10 +428,10 @@ Use instead
 rule(
     "DSD109", "stage3-knob-raises-peak", "warning",
     message={
-        "en": "zero_optimization.{knob} = {value} (DeepSpeed default {default}) keeps up to {bytes} of weights "
-              "on every GPU at inference",
-        "zh": "zero_optimization.{knob} = {value}（DeepSpeed 默认 {default}）在推理时让每张 GPU 最多多驻留 "
-              "{bytes} 权重",
+        "en": "zero_optimization.{knob} = {value} (DeepSpeed default {default}) raises the per-GPU peak at "
+              "inference: up to {bytes} of weights held on every GPU",
+        "zh": "zero_optimization.{knob} = {value}（DeepSpeed 默认 {default}）抬高推理时的单卡峰值："
+              "每张 GPU 最多驻留 {bytes} 权重",
     },
     fix={
         "en": "Lower zero_optimization.{knob} (or delete it to get DeepSpeed's default {default})",
@@ -715,6 +715,56 @@ Use instead
 
 应改为
   "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 1e9}
+""",
+    },
+)
+
+rule(
+    "DSD115", "zero-stage-1-2-for-inference", "warning",
+    message={
+        "en": "ZeRO stage {stage} at inference shards only optimizer state and gradients: every GPU still holds "
+              "all weights, and without an optimizer deepspeed.initialize asserts \"zero stage {stage} requires "
+              "an optimizer\"",
+        "zh": "推理时 ZeRO stage {stage} 只对优化器状态和梯度分片：每张 GPU 仍保存全部权重；没有 optimizer 时 "
+              "deepspeed.initialize 会断言失败（\"zero stage {stage} requires an optimizer\"）",
+    },
+    fix={
+        "en": "Use stage 3 to shard weights across GPUs, or stage 0 (and no optimizer) when the model fits one GPU",
+        "zh": "要把权重分片到多张 GPU 请用 stage 3；模型放得进单卡时用 stage 0（且不要 optimizer）",
+    },
+    explanation={
+        "en": """\
+What it does
+  Flags ZeRO stage 1 or 2 in a config used for inference.
+
+Why is this bad?
+  Stages 1 and 2 partition optimizer state (1) and gradients (2). Inference has neither, so every GPU
+  keeps a full copy of the weights: the same memory as no ZeRO at all. Worse, once the optimizer section
+  is removed (as it should be for inference), `deepspeed.initialize` fails with
+  `AssertionError: zero stage 2 requires an optimizer` (runtime/engine.py). Only stage 3 shards weights.
+
+Example
+  {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}
+
+Use instead
+  {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}     to shard weights
+  {"zero_optimization": {"stage": 0}, "train_micro_batch_size_per_gpu": 1}     when one GPU holds the model
+""",
+        "zh": """\
+作用
+  检查用于推理的配置中的 ZeRO stage 1 或 2。
+
+为什么有问题？
+  stage 1 和 2 分别对优化器状态（1）和梯度（2）分片。推理两者都没有，所以每张 GPU 仍保存完整的权重副本，
+  显存与不用 ZeRO 完全相同。更糟的是，一旦删掉 optimizer 段（推理本就应该删），`deepspeed.initialize`
+  会报 `AssertionError: zero stage 2 requires an optimizer`（runtime/engine.py）。只有 stage 3 会对权重分片。
+
+示例
+  {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}
+
+应改为
+  {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}     对权重分片
+  {"zero_optimization": {"stage": 0}, "train_micro_batch_size_per_gpu": 1}     单卡放得下模型时
 """,
     },
 )

@@ -171,6 +171,15 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
                     resolve(zero, sub, path, value, row_reason(path) if canonical_key(path) in BY_KEY
                             else _AUTO_DROPPED)
 
+    # anything else DeepSpeed rejects (DSD114), wherever it sits, if an earlier rule did not already take it
+    for path, _why in eff.invalid_keys:
+        parts = path.split(".")
+        container = new
+        for part in parts[:-1]:
+            container = container.get(part) if isinstance(container, dict) else None
+        if isinstance(container, dict) and parts[-1] in container:
+            drop(container, parts[-1], path, _REJECTED)
+
     # batch size: deepspeed.initialize requires one; micro batch 1 is the sane value for inference
     micro = new.get("train_micro_batch_size_per_gpu")
     if micro is None or (micro == AUTO and not keep_auto):
