@@ -130,4 +130,13 @@ def read_records(directory: Path) -> list[RankRecord]:
         rec = read_rank(path)
         if rec is not None:
             out.append(rec)
-    return sorted(out, key=lambda r: (r.rank, r.t0 or 0))
+    # Python helpers a rank starts inherit its RANK and leave empty records: of a rank's records keep those
+    # with observed calls, or else the first one (the rank itself)
+    out.sort(key=lambda r: (r.rank, r.t0 or 0))
+    kept, seen = [], set()
+    active = {r.rank for r in out if r.phases or r.configs}
+    for r in out:
+        if r.phases or r.configs or (r.rank not in active and r.rank not in seen):
+            kept.append(r)
+            seen.add(r.rank)
+    return kept

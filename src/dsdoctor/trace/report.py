@@ -285,7 +285,8 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         phases=[_phase_dict(p) for p in rec.phases], stack=rec.stack,
     )
     if status in ("hang", "killed"):
-        s.stopped_in = unfinished[-1].label if unfinished else (f"after {rec.phases[-1].label}" if rec.phases else "start")
+        s.stopped_in = unfinished[-1].label if unfinished else (
+            f"after {rec.phases[-1].label}" if rec.phases else "before any observed call")
         s.where = _where_in_stack(rec.stack)
     t0 = rec.t0 or 0
     step = max(1, len(rec.samples) // 600)
@@ -362,12 +363,17 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
         if r.status == "hang":
             where = f" ({r.where})" if r.where else ""
             advice, advice_zh = _hang_advice(r, unsynced)
-            out.append(Finding("DSD306", {"rank": r.rank, "phase": r.stopped_in, "timeout": _num(timeout),
+            phase = r.stopped_in if r.stopped_in.startswith(("after", "before")) else f"in {r.stopped_in}"
+            out.append(Finding("DSD306", {"rank": r.rank, "phase": phase, "timeout": _num(timeout),
                                           "where": where, "advice": advice, "advice_zh": advice_zh}))
         elif r.status == "oom":
             phase = next((p["label"] for p in r.phases if p.get("error")), "after the last phase")
             out.append(Finding("DSD307", {"rank": r.rank, "phase": phase,
                                           "error": (r.error or {}).get("message", "")[:160]}))
+    if status == "hang" and not any(f.code == "DSD306" for f in out):
+        out.append(Finding("DSD306", {"rank": "?", "phase": "before any observed call", "timeout": _num(timeout),
+                                      "where": "", "advice": _hang_advice(None, unsynced)[0],
+                                      "advice_zh": _hang_advice(None, unsynced)[1]}))
     if status == "oom" and not any(f.code == "DSD307" for f in out):
         out.append(Finding("DSD307", {"rank": "?", "phase": "an unobserved step",
                                       "error": _oom_line(output_tail)}))
@@ -394,7 +400,7 @@ def _oom_line(text: str) -> str:
     return "out of memory"
 
 
-def _hang_advice(r: RankSummary, unsynced: list[int]):
+def _hang_advice(r: RankSummary | None, unsynced: list[int]):
     if unsynced:
         return ("pass synced_gpus=True to generate (see DSD301)", "给 generate 传 synced_gpus=True（见 DSD301）")
     return ("make every rank run the same collectives; the stack in report.json shows where each rank waits",

@@ -131,7 +131,7 @@ rule(
 
 rule(
     "DSD306", "rank-hung", "error",
-    message={"en": "rank {rank} stopped in {phase} and did not finish within {timeout}s{where}",
+    message={"en": "rank {rank} stopped {phase} and did not finish within {timeout}s{where}",
              "zh": "rank {rank} 停在 {phase}，{timeout} 秒内没有结束{where}"},
     fix={"en": "{advice}", "zh": "{advice_zh}"},
     explanation=_x(

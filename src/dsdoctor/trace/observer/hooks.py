@@ -525,3 +525,7 @@ def install() -> None:
     for name, patch in _TARGETS.items():  # already imported (e.g. by another sitecustomize)
         if name in sys.modules:
             _safe(patch, sys.modules[name])
+    if recorder.env_rank() is not None:
+        # a launched rank: record from the start, so a rank that hangs before any observed call is seen too.
+        # A plain `python infer.py` (and every launcher process) starts its record at the first observed call.
+        recorder.get()
