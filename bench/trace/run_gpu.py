@@ -3,11 +3,11 @@
     python3 bench/trace/run_gpu.py OUT_DIR [--budget 400] [--smoke]
 
 Runs unattended from the repository root (dsdoctor's src and DeepSpeed on PYTHONPATH), in two stages:
-  stage 1, side by side:  GPU0: trace on 1 GPU (reused training config), then the overhead pairs (untraced,
-                          traced, untraced, traced; inference config, no offload);  GPU1: ab on 1 GPU.
-  stage 2, both GPUs:     ab on 2 GPUs (its as-is variant is the 2-GPU trace).
-Each step gets what is left of --budget seconds as its watchdog; a step that no longer fits is skipped and
-said so. Writes OUT_DIR/summary.json (and each step's report directory), prints progress to stderr.
+  stage 1, both GPUs:    ab on 2 GPUs (reused training config; each variant's report is a full 2-GPU trace).
+  stage 2, side by side: GPU0: the overhead pairs (untraced, traced, untraced, traced; inference config, no
+                         offload) with `dsdoctor trace`;  GPU1: ab on 1 GPU (its as-is variant is the 1-GPU trace).
+Each ab variant's watchdog is an equal share of what is left of --budget seconds; a step that no longer fits
+is skipped and said so. Writes OUT_DIR/summary.json (and each step's report directory); progress on stderr.
 --smoke: the same steps with a 2-layer model on the CPU (DS_ACCELERATOR=cpu), one after the other.
 """
 from __future__ import annotations
@@ -69,12 +69,13 @@ class Bench:
             log(f"{name}: start (gpus {gpus}, watchdog {left:.0f}s)")
             t0 = time.time()
             with open(self.out / f"{name}.log", "w") as fh:
+                proc = subprocess.Popen(cmd, env=self.env(gpus), stdout=fh, stderr=subprocess.STDOUT)
                 try:
-                    proc = subprocess.run(cmd, env=self.env(gpus), stdout=fh, stderr=subprocess.STDOUT,
-                                          timeout=left + 30)
-                    step["returncode"] = proc.returncode
-                except subprocess.TimeoutExpired:
-                    step["returncode"] = None
+                    step["returncode"] = proc.wait(timeout=left + 30)
+                except subprocess.TimeoutExpired:  # SIGTERM: dsdoctor ends its ranks before it exits
+                    proc.terminate()
+                    step["returncode"] = proc.wait(timeout=60)
+                    step["killed_by_budget"] = True
             step["wall_s"] = round(time.time() - t0, 1)
             step["status"] = "done"
             log(f"{name}: exit {step['returncode']} after {step['wall_s']}s")
@@ -82,11 +83,12 @@ class Bench:
             self.steps.append(step)
         return step
 
-    def dsdoctor(self, sub: str, name: str, nproc: int, gpus: str | None, need_s: float, extra=()) -> dict:
-        timeout = max(30, int(self.left() - 20))
-        cmd = [sys.executable, "-m", "dsdoctor", sub, "-q", "--format", "json", "--timeout", str(timeout),
-               "-o", str(self.out / name), "--force", *extra, "--",
-               *self.user_command(nproc, TRAIN_CFG, None, 16)]
+    def ab(self, name: str, nproc: int, gpus: str | None, need_s: float) -> dict:
+        variants = ("as-is", "no-offload-param", "split")
+        timeout = max(30, int((self.left() - 20) / len(variants)))  # per variant
+        cmd = [sys.executable, "-m", "dsdoctor", "ab", "-q", "--format", "json", "--timeout", str(timeout),
+               "--variants", ",".join(variants), "-o", str(self.out / name), "--force", "--",
+               *self.user_command(nproc, TRAIN_CFG, None, 16), "--repeats", "1"]
         return self.run(name, cmd, gpus, need_s)
 
     def overhead(self, gpus: str | None, pairs: int = 2) -> None:
@@ -127,26 +129,22 @@ def main():
 
         ngpu = torch.cuda.device_count()
     log(f"out {out}, budget {a.budget:.0f}s, GPUs {ngpu}, smoke {a.smoke}")
-    log("expect: as-is builds DeepSpeedZeroOptimizer_Stage3 (DSD101); split drops it; no-offload-param raises the "
-        "GPU peak and tokens/s; tracing overhead within 3%")
+    log("expect: as-is builds DeepSpeedZeroOptimizer_Stage3 (DSD101) and is slowest (offload_param); split drops "
+        "the optimizer (lower host peak); no-offload-param raises the GPU peak and tokens/s; tracing overhead within 3%")
 
-    lane0 = lambda: (b.dsdoctor("trace", "trace-1gpu", 1, "0", 90), b.overhead("0"))  # noqa: E731
-    lane1 = lambda: b.dsdoctor("ab", "ab-1gpu", 1, "1", 200)  # noqa: E731
+    if ngpu >= 2 or a.smoke:
+        b.ab("ab-2gpu", 2, None if a.smoke else "0,1", 100)
+    lane1 = threading.Thread(target=b.ab, args=("ab-1gpu", 1, None if a.smoke else "1", 100))
     if ngpu >= 2:
-        t = threading.Thread(target=lane1)
-        t.start()
-        lane0()
-        t.join()
-        b.dsdoctor("ab", "ab-2gpu", 2, "0,1", 150)
+        lane1.start()
+        b.overhead("0")
+        lane1.join()
     else:
-        lane0()
-        lane1_gpu = None if a.smoke else "0"
-        b.dsdoctor("ab", "ab-1gpu", 1, lane1_gpu, 200)
-        if a.smoke:
-            b.dsdoctor("ab", "ab-2gpu", 2, None, 150)
+        b.overhead(None if a.smoke else "0")
+        b.ab("ab-1gpu", 1, None if a.smoke else "0", 100)
 
     summary = {"gpus": ngpu, "smoke": a.smoke, "steps": b.steps, "overhead": b.overhead_summary()}
-    for name in ("trace-1gpu", "ab-1gpu", "ab-2gpu"):
+    for name in ("ab-1gpu", "ab-2gpu", "overhead-traced-0"):
         report = out / name / "report.json"
         if report.is_file():
             data = json.loads(report.read_text())

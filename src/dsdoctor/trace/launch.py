@@ -109,6 +109,10 @@ def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.
         pass
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _record_pids(trace_dir: Path) -> list[int]:
     pids = []
     for path in Path(trace_dir).glob("rank-*.jsonl"):
@@ -153,6 +157,9 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
     reader = threading.Thread(target=pump, name="dsdoctor-output", daemon=True)
     reader.start()
     timed_out = False
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM to dsdoctor ends the run's tree too
+        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -164,6 +171,8 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
         end_tree(proc, None, grace_s=2.0)
         raise
     finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         reader.join(timeout=5)
         if log:
             log.close()
