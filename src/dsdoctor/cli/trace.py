@@ -1,0 +1,44 @@
+"""``dsdoctor trace -- COMMAND``: run the user's own command and report what DeepSpeed really did."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of
+from dsdoctor.findings import exit_code
+
+EXAMPLES = """\
+  dsdoctor trace -- python infer.py --model ./Llama-3-8B
+  dsdoctor trace --out trace-out --timeout 900 -- deepspeed --num_gpus 2 infer.py
+  dsdoctor trace --format json -q -- torchrun --nproc_per_node 2 infer.py > trace.json
+  dsdoctor trace --timeout 600 -- deepspeed --hostfile hosts infer.py   # --out on a shared filesystem"""
+
+
+def add_run_flags(p, default_out: str) -> None:
+    p.add_argument("-o", "--out", default=default_out, help=f"output directory (default: {default_out})")
+    p.add_argument("--force", action="store_true", help="replace the output directory if it exists")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="watchdog: end every process of the run after SECONDS and report where each rank was")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not echo the command's output (kept in output.log)")
+    add_output_flags(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
+
+
+def register(sub):
+    p = add_command(
+        sub, "trace", "run your inference command and record what DeepSpeed really did, rank by rank", EXAMPLES,
+        description="Run COMMAND unchanged with an observer in every rank: the ZeRO stage, offloads, optimizer, "
+                    "dtype and tensor parallelism that took effect, memory and time per phase (load, init, each "
+                    "generate), and findings. Writes DIR/report.json, report.md and a memory timeline per rank.",
+    )
+    add_run_flags(p, "dsdoctor-trace")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from dsdoctor.trace.api import trace
+
+    result = trace(args.command, out=args.out, timeout=args.timeout, force=args.force,
+                   echo=False if args.quiet else sys.stderr, lang=lang_of(args))
+    emit(result, args)
+    return exit_code(result.findings, args.fail_on)

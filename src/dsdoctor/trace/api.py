@@ -1,0 +1,101 @@
+"""Library entry points: ``trace`` and ``ab`` take plain values and return result objects.
+
+    from dsdoctor import trace, ab
+    result = trace(["deepspeed", "--num_gpus", "2", "infer.py"], out="trace-out", timeout=900)
+    print(result.status, result.ranks[0].peak_gpu_bytes, [f.code for f in result.findings])
+"""
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from dsdoctor.errors import InputError
+from dsdoctor.fsutil import atomic_output_dir
+from dsdoctor.report.render import to_json
+from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose
+from dsdoctor.trace.launch import run_command
+from dsdoctor.trace.records import read_records
+from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.variants import parse_variants
+
+
+def _check(command, timeout) -> list[str]:
+    command = [str(c) for c in (command or [])]
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
+    if timeout is not None and not timeout > 0:
+        raise InputError(f"--timeout must be a positive number of seconds, not {timeout}")
+    return command
+
+
+def _trace_into(directory: Path, command: list[str], variant: str | None, timeout: float | None, echo,
+                lang: str, final_dir: str | None) -> TraceResult:
+    outcome = run_command(command, directory / "records", variant=variant, timeout=timeout,
+                          log_path=directory / "output.log", echo=echo)
+    records = read_records(directory / "records")
+    ranks = [summarize_rank(r, outcome.timed_out) for r in records]
+    status = run_status(ranks, outcome.returncode, outcome.timed_out, outcome.output_tail)
+    log = f"{final_dir}/output.log" if final_dir else None
+    findings = trace_findings(ranks, records, status, outcome.returncode, timeout, log, outcome.output_tail)
+    result = TraceResult(command=command, status=status, returncode=outcome.returncode, wall_s=outcome.wall_s,
+                         timeout=timeout, ranks=ranks, findings=findings, variant=variant, out_dir=final_dir, log=log,
+                         output_tail=outcome.output_tail)
+    if final_dir:
+        from dsdoctor.trace.plot import write_timelines
+
+        try:
+            write_timelines(result, directory)
+        except Exception as exc:  # a picture must not cost the report
+            print(f"dsdoctor: timeline picture skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
+        (directory / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
+    return result
+
+
+def trace(command: list[str], out: str | None = None, timeout: float | None = None, force: bool = False,
+          echo=None, lang: str = "en") -> TraceResult:
+    """Run ``command`` with every rank observed; write ``out``/report.json, report.md and timelines.
+
+    ``echo``: a stream for the command's output (default stderr), or False to keep it only in output.log."""
+    command = _check(command, timeout)
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dsdoctor-trace-") as tmp:
+            return _trace_into(Path(tmp), command, None, timeout, echo, lang, None)
+    with atomic_output_dir(out, force=force) as tmp:
+        return _trace_into(Path(tmp), command, None, timeout, echo, lang, str(out))
+
+
+def _dirname(variant: str) -> str:
+    return re.sub(r"[^\w.=+-]", "_", variant)
+
+
+def ab(command: list[str], variants: str | list[str] | None = None, out: str | None = None,
+       timeout: float | None = None, force: bool = False, echo=None, lang: str = "en") -> AbResult:
+    """Run ``command`` once per variant (config rewritten in-process) and diagnose the differences."""
+    command = _check(command, timeout)
+    chosen = parse_variants(variants)
+
+    def run_all(directory: Path, final: str | None) -> AbResult:
+        results = []
+        for n, v in enumerate(chosen, 1):
+            print(f"dsdoctor ab: variant {n}/{len(chosen)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
+            sub = _dirname(v.name)
+            t = _trace_into(directory / sub, command, v.name, timeout, echo, lang,
+                            f"{final}/{sub}" if final else None)
+            results.append(VariantResult.from_trace(v.name, v.description, t, f"{sub}/report.json" if final else None))
+            print(f"dsdoctor ab: variant {v.name}: {t.status}", file=sys.stderr, flush=True)
+        result = AbResult(command=command, variants=results, findings=diagnose(results), out_dir=final)
+        if final:
+            (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
+            (directory / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
+        return result
+
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
+            return run_all(Path(tmp), None)
+    with atomic_output_dir(out, force=force) as tmp:
+        return run_all(Path(tmp), str(out))

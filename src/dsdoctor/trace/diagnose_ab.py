@@ -1,0 +1,170 @@
+"""Variants' traces -> ``AbResult`` with a diagnosis (DSD310-DSD314).
+
+The reading, in order: peak lower without offload_param -> the parameter gather dominates (DSD310); peak
+unchanged or OOM either way -> activations and output buffers (DSD311); speed collapsing or host memory
+exploding with offload -> the CPU-GPU transfer (DSD312); the inference-only config lowering the peak -> the
+training parts cost memory (DSD314); otherwise nothing decisive (DSD313). Differences under 10% are noise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.i18n import pick
+from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace.report import TraceResult
+from dsdoctor.units import human_bytes
+
+NOISE = 0.10
+PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD314", "DSD313")
+
+
+@dataclass
+class VariantResult:
+    name: str
+    description: str
+    status: str  # ok, oom, hang, error
+    peak_gpu_bytes: int | None
+    peak_host_bytes: int | None
+    tokens_per_s: float | None
+    wall_s: float
+    returncode: int | None
+    offload_param: str | None
+    stopped: list[str] = field(default_factory=list)  # "rank 1 in generate#0 (infer.py:40 in main, waiting in ...)"
+    findings: list[str] = field(default_factory=list)  # codes found in this variant's trace
+    report: str | None = None  # the variant's own report.json, relative to the ab directory
+
+    @classmethod
+    def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> "VariantResult":
+        stopped = [f"rank {r.rank} in {r.stopped_in}" + (f" ({r.where})" if r.where else "")
+                   for r in t.ranks if r.stopped_in]
+        offload = next((r.offload_param for r in t.ranks if r.offload_param), None)
+        return cls(name, description, t.status, t.peak_gpu_bytes, t.peak_host_bytes, t.tokens_per_s, t.wall_s,
+                   t.returncode, offload, stopped, [f.code for f in t.findings], report)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class AbResult:
+    command: list[str]
+    variants: list[VariantResult]
+    findings: list[Finding]
+    out_dir: str | None = None
+
+    @property
+    def diagnosis(self) -> Finding | None:
+        for code in PRIORITY:
+            for f in self.findings:
+                if f.code == code:
+                    return f
+        return None
+
+    def to_dict(self, lang: str = "en") -> dict:
+        d = self.diagnosis
+        return {
+            "command": self.command,
+            "variants": [v.to_dict() for v in self.variants],
+            "diagnosis": d.to_dict(lang) if d else None,
+            "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
+            "out_dir": self.out_dir,
+        }
+
+    def _rows(self):
+        for v in self.variants:
+            yield (v.name, v.status, human_bytes(v.peak_gpu_bytes), human_bytes(v.peak_host_bytes),
+                   "-" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}", f"{v.wall_s:.1f}s",
+                   "; ".join(v.stopped) or "-")
+
+    def _head(self, lang):
+        return [pick(x, lang) for x in ({"en": "variant", "zh": "变体"}, {"en": "status", "zh": "状态"},
+                                        {"en": "peak GPU", "zh": "GPU 峰值"}, {"en": "peak host", "zh": "主机峰值"},
+                                        {"en": "tokens/s", "zh": "tokens/s"}, {"en": "wall", "zh": "用时"},
+                                        {"en": "stopped", "zh": "停止位置"})]
+
+    def to_text(self, lang: str = "en", style=None) -> str:
+        from dsdoctor.report.render import ASCII
+
+        out = [f"dsdoctor ab: {' '.join(self.command)}\n\n", text_table(self._head(lang), list(self._rows())), "\n"]
+        d = self.diagnosis
+        if d:
+            label = "diagnosis" if lang == "en" else "诊断"
+            out.append(f"{label}: {d.code} {d.message(lang)}\n  {(style or ASCII).arrow} {d.fix(lang)}\n\n")
+        out.append(findings_text(self.findings, lang, style or ASCII))
+        if self.out_dir:
+            out.append(f"files: {self.out_dir}/report.json, report.md, <variant>/report.json\n")
+        return "".join(out)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        d = self.diagnosis
+        out = [f"# dsdoctor ab\n\n`{' '.join(self.command)}`\n\n", markdown_table(self._head(lang), list(self._rows()))]
+        if d:
+            out.append(f"\n**{'Diagnosis' if lang == 'en' else '诊断'}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
+        out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
+        return "".join(out)
+
+
+def _metric(v: VariantResult, gpu: bool):
+    return v.peak_gpu_bytes if gpu else v.peak_host_bytes
+
+
+def _summary(variants: list[VariantResult], gpu: bool) -> str:
+    parts = []
+    for v in variants:
+        m = _metric(v, gpu)
+        rate = f", {v.tokens_per_s:.1f} tok/s" if v.tokens_per_s else ""
+        parts.append(f"{v.name} {v.status.upper() if v.status != 'ok' else human_bytes(m)}{rate}")
+    return "; ".join(parts)
+
+
+def _lower(a, b) -> bool:
+    """a is clearly lower than b."""
+    return a is not None and b is not None and a < b * (1 - NOISE)
+
+
+def diagnose(variants: list[VariantResult]) -> list[Finding]:
+    gpu = any(v.peak_gpu_bytes is not None for v in variants)
+    kind = "GPU" if gpu else "host"
+    by = {v.name: v for v in variants}
+    base, nop, split = by.get("as-is"), by.get("no-offload-param"), by.get("split")
+    out: list[Finding] = []
+
+    if base and nop and base.offload_param:
+        b, n = _metric(base, gpu), _metric(nop, gpu)
+        if base.status == "oom" and nop.status == "oom":
+            out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": "; OOM in both"}))
+        elif base.status == "oom" and nop.status == "ok":
+            out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
+        elif base.status == "ok" and nop.status == "ok":
+            if _lower(n, b):
+                out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
+            what, what_zh = [], []
+            if base.tokens_per_s and nop.tokens_per_s and base.tokens_per_s < 0.5 * nop.tokens_per_s:
+                what.append(f"tokens/s drops from {nop.tokens_per_s:.1f} to {base.tokens_per_s:.1f}")
+                what_zh.append(f"tokens/s 从 {nop.tokens_per_s:.1f} 降到 {base.tokens_per_s:.1f}")
+            if gpu and _lower(nop.peak_host_bytes, (base.peak_host_bytes or 0) / 1.5 / (1 - NOISE)):
+                what.append(f"host memory grows from {human_bytes(nop.peak_host_bytes)} to "
+                            f"{human_bytes(base.peak_host_bytes)}")
+                what_zh.append(f"主机内存从 {human_bytes(nop.peak_host_bytes)} 涨到 {human_bytes(base.peak_host_bytes)}")
+            if what:
+                out.append(Finding("DSD312", {"what": " and ".join(what), "what_zh": "，".join(what_zh)}))
+    if base and split:
+        b, s = _metric(base, gpu), _metric(split, gpu)
+        speed = ""
+        if base.tokens_per_s and split.tokens_per_s:
+            speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
+        if base.status == "oom" and split.status == "ok":
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
+                                          "after": human_bytes(s), "speed": speed}))
+        elif base.status == "ok" and split.status == "ok" and _lower(s, b):
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
+                                          "after": human_bytes(s), "speed": speed}))
+        elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
+                                                                                base.peak_host_bytes):
+            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "before":
+                                          human_bytes(base.peak_host_bytes), "after":
+                                          human_bytes(split.peak_host_bytes), "speed": speed}))
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314") for f in out):
+        out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
+    return sort_findings(out)

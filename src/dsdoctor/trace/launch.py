@@ -1,0 +1,185 @@
+"""Run the user's command with the observer on PYTHONPATH, tee its output, and end it on a timeout.
+
+The watchdog first asks every local rank for its Python stack (SIGUSR1; the observer dumps it next to its
+record), then sends SIGTERM to the whole process tree (the DeepSpeed runner forwards that to remote nodes
+through its kill command), and SIGKILL to whatever is left. The tree is found through /proc parent links,
+because torchrun starts each rank in a session of its own where a process-group kill does not reach.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsdoctor.errors import InputError
+from dsdoctor.trace.observer import recorder
+
+OBSERVER_DIR = Path(__file__).resolve().parent / "observer"
+SRC_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds the dsdoctor package
+
+
+@dataclass
+class RunOutcome:
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    output_tail: str
+    log_path: str | None
+
+
+def observed_env(trace_dir: Path, variant: str | None = None, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env[recorder.ENV_DIR] = str(trace_dir)
+    if variant:
+        env[recorder.ENV_VARIANT] = json.dumps({"name": variant})
+    else:
+        env.pop(recorder.ENV_VARIANT, None)
+    paths = [str(OBSERVER_DIR), str(SRC_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[ppid].append(int(entry))
+    return children
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants, parents first."""
+    children = _children_map()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _signal_all(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.0) -> None:
+    """Stack dumps, then SIGTERM, then SIGKILL, to ``proc`` and every descendant."""
+    tree = process_tree(proc.pid)
+    if trace_dir is not None:
+        ranks = set(_record_pids(trace_dir)) & set(tree)
+        _signal_all(ranks, signal.SIGUSR1)
+        if ranks:
+            time.sleep(1.0)
+    _signal_all(tree, signal.SIGTERM)
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(_alive(p) for p in tree):
+        time.sleep(0.1)
+    tree = list(dict.fromkeys(tree + process_tree(proc.pid)))
+    _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _record_pids(trace_dir: Path) -> list[int]:
+    pids = []
+    for path in Path(trace_dir).glob("rank-*.jsonl"):
+        try:
+            pids.append(int(path.name.rsplit(".", 2)[-2]))
+        except (ValueError, IndexError):
+            pass
+    return pids
+
+
+def run_command(command: list[str], trace_dir: Path, variant: str | None = None, timeout: float | None = None,
+                log_path: Path | None = None, echo=None) -> RunOutcome:
+    """Run ``command`` observed; its output goes to ``echo`` (stderr by default) and ``log_path``."""
+    if not command:
+        raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    echo = sys.stderr if echo is None else echo
+    tail: collections.deque[str] = collections.deque(maxlen=200)
+    log = open(log_path, "w", encoding="utf-8") if log_path else None
+    start = time.time()
+    try:
+        proc = subprocess.Popen(command, env=observed_env(trace_dir, variant), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    except FileNotFoundError:
+        raise InputError(f"command not found: {command[0]}") from None
+    except PermissionError:
+        raise InputError(f"command is not executable: {command[0]}") from None
+
+    def pump():
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            tail.append(line)
+            if log:
+                log.write(line)
+            if echo is not False:
+                try:
+                    echo.write(line)
+                    echo.flush()
+                except (OSError, ValueError):
+                    pass
+
+    reader = threading.Thread(target=pump, name="dsdoctor-output", daemon=True)
+    reader.start()
+    timed_out = False
+    previous_term = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM to dsdoctor ends the run's tree too
+        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        if echo is not False:
+            echo.write(f"dsdoctor: no end after {timeout:g}s; dumping rank stacks and ending every process\n")
+        end_tree(proc, trace_dir)
+    except BaseException:  # Ctrl-C: leave no rank behind
+        end_tree(proc, None, grace_s=2.0)
+        raise
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        reader.join(timeout=5)
+        if log:
+            log.close()
+    if timed_out:  # anything of the run's own process group that escaped the tree walk
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return RunOutcome(proc.returncode, timed_out, time.time() - start, "".join(tail),
+                      str(log_path) if log_path else None)

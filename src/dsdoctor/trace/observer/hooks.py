@@ -1,0 +1,531 @@
+"""Wrappers installed into the user's process, as each library is imported.
+
+A meta-path finder notices when ``deepspeed``, ``torch`` or the transformers modules are imported and patches
+them right after they execute: ``deepspeed.initialize``, ``deepspeed.init_inference``, ``HfDeepSpeedConfig``,
+``PreTrainedModel.from_pretrained`` / ``_from_config``, ``GenerationMixin.generate`` and ``torch.load``.
+Every wrapper calls through to the original and swallows its own errors: observing must never change what
+the program does (except the ab config rewrite, which is the point of ab).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import os
+import re
+import sys
+import threading
+
+from dsdoctor.trace.observer import recorder
+
+_SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
+_shard_loads: list[str] = []
+
+
+def _safe(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        if os.environ.get("PYTHON_DSDOCTOR_DEBUG"):
+            raise
+        try:
+            sys.stderr.write(f"dsdoctor: observer: {getattr(fn, '__name__', fn)}: {type(exc).__name__}: {exc}\n")
+        except Exception:
+            pass
+        return None
+
+
+def _variant_name() -> str | None:
+    raw = os.environ.get(recorder.ENV_VARIANT)
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)["name"]
+    except Exception:
+        return None
+
+
+# ------------------------------------------------------------------------ config helpers
+
+def _load_config_file(path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        try:
+            import hjson  # DeepSpeed parses configs with hjson
+
+            return json.loads(json.dumps(hjson.loads(text)))
+        except Exception:
+            return None
+
+
+def _config_summary(cfg) -> dict:
+    if not isinstance(cfg, dict):
+        return {}
+    zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    def device(section):
+        sec = zero.get(section)
+        return sec.get("device") if isinstance(sec, dict) else None
+    return {
+        "stage": zero.get("stage"),
+        "offload_param": device("offload_param"),
+        "offload_optimizer": device("offload_optimizer"),
+        "optimizer": (cfg.get("optimizer") or {}).get("type") if isinstance(cfg.get("optimizer"), dict) else None,
+        "tp_size": _tp_from_config(cfg),
+    }
+
+
+def _tp_from_config(cfg: dict):
+    tp = cfg.get("tensor_parallel")
+    if isinstance(tp, dict):
+        return tp.get("autotp_size") or tp.get("tp_size")
+    return cfg.get("mp_size")
+
+
+def _rewrite(cfg: dict) -> dict:
+    name = _variant_name()
+    if not name or name == "as-is":
+        return cfg
+    from dsdoctor.trace.variants import apply_variant
+
+    return apply_variant(name, cfg)
+
+
+def _json_safe(cfg):
+    try:
+        return json.loads(json.dumps(cfg, default=str))
+    except Exception:
+        return None
+
+
+# ------------------------------------------------------------------------ deepspeed
+
+def _resolve_initialize_config(bound):
+    """(config dict or None, source text, setter that passes a rewritten dict back)."""
+    args = bound.arguments
+    for key in ("config", "config_params"):
+        value = args.get(key)
+        if value is not None:
+            if isinstance(value, dict):
+                return value, "dict", lambda new, k=key: args.__setitem__(k, new)
+            if isinstance(value, (str, os.PathLike)):
+                return _load_config_file(value), os.fspath(value), lambda new, k=key: args.__setitem__(k, new)
+            return None, type(value).__name__, None
+    ns = args.get("args")
+    for attr in ("deepspeed_config", "deepscale_config"):
+        path = getattr(ns, attr, None) if ns is not None else None
+        if path:
+            def setter(new, attr=attr):
+                import copy
+
+                ns2 = copy.copy(ns)
+                setattr(ns2, attr, None)
+                args["args"] = ns2
+                args["config"] = new
+            return _load_config_file(path), os.fspath(path), setter
+    return None, None, None
+
+
+def _device_of(section):
+    if section is None:
+        return None
+    dev = getattr(section, "device", None)
+    dev = getattr(dev, "value", dev)
+    return None if dev in (None, "none") else str(dev)
+
+
+def _optimizer_state_bytes(opt) -> int | None:
+    """Bytes of the optimizer-side buffers DeepSpeed allocated up front (fp32 master partitions, flat gradient
+    partitions, reduce buckets). Adam moments come later, at the first step(), and are not counted."""
+    seen, total = set(), 0
+
+    def add(t):
+        nonlocal total
+        try:
+            if t is None or not hasattr(t, "untyped_storage"):
+                return
+            key = (t.device.type, t.untyped_storage().data_ptr())
+            if key in seen or t.numel() == 0:
+                return
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+        except Exception:
+            pass
+
+    for name in ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition",
+                 "grad_partitions_flat_buffer", "averaged_gradients"):
+        value = getattr(opt, name, None)
+        if isinstance(value, dict):
+            value = list(value.values())
+        for t in value if isinstance(value, (list, tuple)) else [value]:
+            for x in t if isinstance(t, (list, tuple)) else [t]:
+                add(x)
+    for bucket in (getattr(opt, "ipg_buckets", None) or {}).values():
+        add(getattr(bucket, "buffer", None))
+    return total or None
+
+
+def _world_size():
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_world_size()
+    except Exception:
+        pass
+    return None
+
+
+def _engine_info(engine) -> dict:
+    info = {"engine": type(engine).__name__}
+    g = lambda name: _safe(getattr(engine, name)) if hasattr(engine, name) else None  # noqa: E731
+    info["zero_stage"] = g("zero_optimization_stage")
+    info["offload_param"] = _device_of(g("zero_offload_param"))
+    info["offload_param_pin_memory"] = getattr(g("zero_offload_param"), "pin_memory", None)
+    info["offload_optimizer"] = _device_of(g("zero_offload_optimizer"))
+    opt = getattr(engine, "optimizer", None)
+    name = type(opt).__name__ if opt is not None else None
+    if name == "DeepSpeedZeRoOffload":  # ZeRO-Inference: parameter partitioning only, no optimizer
+        name = None
+    info["optimizer"] = name
+    basic = getattr(engine, "basic_optimizer", None)
+    info["base_optimizer"] = type(basic).__name__ if basic is not None else None
+    info["optimizer_state_bytes"] = _optimizer_state_bytes(opt) if name else None
+    info["dtype"] = "bf16" if g("bfloat16_enabled") else "fp16" if g("fp16_enabled") else "fp32"
+    info["tp_size"] = g("autotp_size") or 1
+    info["world_size"] = _world_size()
+    return info
+
+
+def _model_info(model) -> dict:
+    info = {}
+    try:
+        params = list(model.parameters())
+        info["zero3_partitioned"] = any(hasattr(p, "ds_id") for p in params[:50])
+        info["num_params"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+        info["param_dtype"] = str(params[0].dtype).replace("torch.", "") if params else None
+        info["model_class"] = type(model).__name__
+    except Exception:
+        pass
+    return info
+
+
+def _patch_deepspeed(ds):
+    if getattr(ds, "_dsdoctor_patched", False):
+        return
+    ds._dsdoctor_patched = True
+    original_initialize = ds.initialize
+    sig = inspect.signature(original_initialize)
+
+    @functools.wraps(original_initialize)
+    def initialize(*args, **kwargs):
+        rec = recorder.get()
+        if rec is None or rec.busy:
+            return original_initialize(*args, **kwargs)
+        passed, source, applied = None, None, None
+        try:
+            bound = sig.bind_partial(*args, **kwargs)
+            passed, source, setter = _resolve_initialize_config(bound)
+            if passed is not None and setter is not None:
+                new = _rewrite(passed)
+                if new is not passed:
+                    setter(new)
+                    applied = _variant_name()
+                    args, kwargs = bound.args, bound.kwargs
+        except Exception as exc:
+            _safe(rec.write, "observer_error", where="initialize", error=repr(exc))
+        _safe(rec.write, "config", api="deepspeed.initialize", source=source, config=_json_safe(passed),
+              summary=_config_summary(passed), variant_applied=applied)
+        token = rec.begin("init", api="deepspeed.initialize")
+        try:
+            result = original_initialize(*args, **kwargs)
+        except BaseException as exc:
+            _safe(rec.end, token, error=exc)
+            raise
+        engine = result[0] if isinstance(result, tuple) else result
+        info = _safe(_engine_info, engine) or {}
+        info.update(_safe(_model_info, engine.module if hasattr(engine, "module") else engine) or {})
+        _safe(rec.end, token, engine=info)
+        return result
+
+    ds.initialize = initialize
+
+    original_init_inference = ds.init_inference
+
+    @functools.wraps(original_init_inference)
+    def init_inference(model, config=None, **kwargs):
+        rec = recorder.get()
+        if rec is None or rec.busy:
+            return original_init_inference(model, config=config, **kwargs)
+        cfg = config if isinstance(config, dict) else (_load_config_file(config) if config else None)
+        summary = dict(_config_summary(cfg))
+        summary["tp_size"] = _safe(_inference_tp, cfg, kwargs)
+        _safe(rec.write, "config", api="deepspeed.init_inference", source="dict" if isinstance(config, dict)
+              else (os.fspath(config) if config else "kwargs"), config=_json_safe(cfg or kwargs), summary=summary)
+        before = _safe(_model_info, model) or {}
+        shards = list(_shard_loads)
+        if shards:
+            _safe(rec.write, "zero_shards_to_init_inference", files=shards)
+        token = rec.begin("init", api="deepspeed.init_inference")
+        try:
+            engine = original_init_inference(model, config=config, **kwargs)
+        except BaseException as exc:
+            _safe(rec.end, token, error=exc)
+            raise
+        info = {"engine": type(engine).__name__, "optimizer": None, "optimizer_state_bytes": None,
+                "offload_param": None, "offload_optimizer": None, "world_size": _world_size(),
+                "zero_stage": 3 if before.get("zero3_partitioned") else 0}
+        ecfg = getattr(engine, "_config", None)
+        tp = getattr(getattr(ecfg, "tensor_parallel", None), "tp_size", None)
+        info["tp_size"] = tp if tp is not None else summary.get("tp_size") or 1
+        dtype = getattr(ecfg, "dtype", None)
+        info["dtype"] = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}.get(
+            str(dtype), str(dtype) if dtype is not None else None)
+        info.update(before)
+        _safe(rec.end, token, engine=info)
+        return engine
+
+    ds.init_inference = init_inference
+
+
+def _inference_tp(cfg, kwargs):
+    for source in (cfg or {}, kwargs):
+        tp = source.get("tensor_parallel")
+        if isinstance(tp, dict) and tp.get("tp_size"):
+            return tp["tp_size"]
+        tp_size = getattr(tp, "tp_size", None)
+        if tp_size:
+            return tp_size
+        if source.get("mp_size"):
+            return source["mp_size"]
+    return None
+
+
+# ------------------------------------------------------------------------ torch
+
+def _patch_torch(torch):
+    original_load = torch.load
+    if getattr(original_load, "_dsdoctor", False):
+        return
+
+    @functools.wraps(original_load)
+    def load(f, *args, **kwargs):
+        try:
+            if isinstance(f, (str, os.PathLike)) and _SHARD_FILE.search(os.fspath(f).replace(os.sep, "/")):
+                frame, callers = sys._getframe(1), []
+                while frame is not None and len(callers) < 4:
+                    callers.append(frame.f_code.co_filename)
+                    frame = frame.f_back
+                if not any("deepspeed" in c for c in callers):  # DeepSpeed loading its own shards is the right way
+                    _shard_loads.append(os.fspath(f))
+        except Exception:
+            pass
+        return original_load(f, *args, **kwargs)
+
+    load._dsdoctor = True
+    torch.load = load
+
+
+# ------------------------------------------------------------------------ transformers
+
+def _wrap_classmethod(cls, name: str, phase: str):
+    raw = cls.__dict__.get(name)
+    if raw is None or getattr(raw, "_dsdoctor", False):
+        return
+    func = raw.__func__ if isinstance(raw, classmethod) else raw
+
+    @functools.wraps(func)
+    def wrapper(klass, *args, **kwargs):
+        rec = recorder.get()
+        if rec is None or rec.busy:
+            return func(klass, *args, **kwargs)
+        token = rec.begin(phase, api=f"{klass.__name__}.{name}")
+        try:
+            model = func(klass, *args, **kwargs)
+        except BaseException as exc:
+            _safe(rec.end, token, error=exc)
+            raise
+        _safe(rec.end, token, model=_safe(_model_info, model))
+        return model
+
+    wrapper._dsdoctor = True
+    setattr(cls, name, classmethod(wrapper))
+
+
+def _patch_modeling_utils(mu):
+    cls = getattr(mu, "PreTrainedModel", None)
+    if cls is not None:
+        _wrap_classmethod(cls, "from_pretrained", "load")
+        _wrap_classmethod(cls, "_from_config", "load")
+
+
+def _hf_zero3_enabled() -> bool:
+    mod = sys.modules.get("transformers.integrations.deepspeed")
+    try:
+        return bool(mod and mod.is_deepspeed_zero3_enabled())
+    except Exception:
+        return False
+
+
+def _generate_inputs(args, kwargs):
+    for value in (kwargs.get("input_ids"), kwargs.get("inputs"), args[0] if args else None):
+        if value is not None and hasattr(value, "shape"):
+            return value
+    return None
+
+
+def _patch_generation(gu):
+    cls = getattr(gu, "GenerationMixin", None)
+    if cls is None or getattr(cls.generate, "_dsdoctor", False):
+        return
+    original = cls.generate
+
+    @functools.wraps(original)
+    def generate(self, *args, **kwargs):
+        rec = recorder.get()
+        if rec is None or rec.busy:
+            return original(self, *args, **kwargs)
+        info = {}
+        try:
+            requested = kwargs.get("synced_gpus")
+            world = _world_size() or 1
+            hf_z3 = _hf_zero3_enabled()
+            first = next(iter(self.parameters()), None)
+            info = {"synced_gpus_arg": requested, "hf_zero3": hf_z3, "world_size": world,
+                    "synced_gpus": bool(requested) if requested is not None else bool(hf_z3 and world > 1),
+                    "zero3_partitioned": first is not None and hasattr(first, "ds_id")}
+            inputs = _generate_inputs(args, kwargs)
+            if inputs is not None:
+                info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
+        except Exception:
+            pass
+        token = rec.begin("generate", api="generate", **info)
+        try:
+            out = original(self, *args, **kwargs)
+        except BaseException as exc:
+            _safe(rec.end, token, error=exc)
+            raise
+        extra = {}
+        try:
+            seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
+            if seq is not None and "prompt_len" in info:
+                extra["new_tokens"] = int(seq.shape[0]) * max(0, int(seq.shape[-1]) - info["prompt_len"])
+        except Exception:
+            pass
+        _safe(rec.end, token, **extra)
+        return out
+
+    generate._dsdoctor = True
+    cls.generate = generate
+
+
+def _patch_hf_deepspeed(mod):
+    cls = getattr(mod, "HfDeepSpeedConfig", None)
+    if cls is None or getattr(cls.__init__, "_dsdoctor", False):
+        return
+    original = cls.__init__
+
+    @functools.wraps(original)
+    def __init__(self, config_file_or_dict, *args, **kwargs):
+        rec = recorder.get()
+        cfg, applied = None, None
+        if rec is not None:
+            try:
+                cfg = config_file_or_dict if isinstance(config_file_or_dict, dict) else \
+                    _load_config_file(config_file_or_dict)
+                if cfg is not None:
+                    new = _rewrite(cfg)
+                    if new is not cfg:
+                        config_file_or_dict, cfg, applied = new, new, _variant_name()
+            except Exception:
+                pass
+        original(self, config_file_or_dict, *args, **kwargs)
+        if rec is not None:
+            source = "dict" if isinstance(config_file_or_dict, dict) else str(config_file_or_dict)
+            _safe(rec.write, "config", api="HfDeepSpeedConfig", source=source, config=_json_safe(cfg),
+                  summary=_config_summary(cfg), variant_applied=applied, is_zero3=_safe(self.is_zero3))
+
+    __init__._dsdoctor = True
+    cls.__init__ = __init__
+
+
+def _patch_excepthook():
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        rec = recorder.get() if os.environ.get(recorder.ENV_DIR) else None
+        if rec is not None:
+            _safe(rec.write, "uncaught", error=recorder.describe_error(exc))
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+# ------------------------------------------------------------------------ import hook
+
+_TARGETS = {
+    "torch": _patch_torch,
+    "deepspeed": _patch_deepspeed,
+    "transformers.modeling_utils": _patch_modeling_utils,
+    "transformers.generation.utils": _patch_generation,
+    "transformers.integrations.deepspeed": _patch_hf_deepspeed,
+}
+
+
+class _PostImportPatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; for the target modules it wraps the real loader to patch after execution."""
+
+    def __init__(self):
+        self._busy = threading.local()
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _TARGETS:
+            return None
+        busy = getattr(self._busy, "names", None)
+        if busy is None:
+            busy = self._busy.names = set()
+        if name in busy:
+            return None
+        busy.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except Exception:
+            return None
+        finally:
+            busy.discard(name)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original_exec = loader.exec_module
+
+        def exec_module(module, _orig=original_exec, _name=name):
+            _orig(module)
+            _safe(_TARGETS[_name], module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    sys.meta_path.insert(0, _PostImportPatcher())
+    _patch_excepthook()
+    for name, patch in _TARGETS.items():  # already imported (e.g. by another sitecustomize)
+        if name in sys.modules:
+            _safe(patch, sys.modules[name])
+    if recorder.env_rank() is not None:
+        # a launched rank: record from the start, so a rank that hangs before any observed call is seen too.
+        # A plain `python infer.py` (and every launcher process) starts its record at the first observed call.
+        recorder.get()

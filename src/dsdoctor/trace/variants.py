@@ -1,0 +1,136 @@
+"""A/B variants: rewrites of the DeepSpeed config applied in-process where it reaches DeepSpeed.
+
+Each variant is a name and a pure function ``dict -> dict`` (inputs are never mutated). The observer applies
+the rewrite inside every rank (``deepspeed.initialize`` and ``HfDeepSpeedConfig``); the user's files stay
+untouched. Torch-free.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+
+from dsdoctor.errors import InputError
+
+DEFAULT_VARIANTS = ("as-is", "no-offload-param", "split")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+
+    def to_env(self) -> str:
+        return json.dumps({"name": self.name})
+
+
+def _zero(cfg: dict) -> dict:
+    zero = cfg.get("zero_optimization")
+    if not isinstance(zero, dict):
+        zero = {}
+        cfg["zero_optimization"] = zero
+    return zero
+
+
+def _as_is(cfg: dict) -> dict:
+    return cfg
+
+
+def _no_offload_param(cfg: dict) -> dict:
+    _zero(cfg).pop("offload_param", None)
+    return cfg
+
+
+# Keys that only matter for training; the inference config drops them. Kept small and in one place so the
+# config doctor's split (dsdoctor.config.split) can replace it.
+_TRAINING_ONLY_TOP = ("optimizer", "scheduler", "gradient_clipping", "gradient_accumulation_steps",
+                      "zero_allow_untested_optimizer")
+_TRAINING_ONLY_ZERO = ("offload_optimizer", "sub_group_size", "reduce_scatter", "reduce_bucket_size",
+                       "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
+
+
+def split_inference_config(cfg: dict) -> dict:
+    """The inference part of a training config: no optimizer, scheduler or optimizer offload."""
+    try:  # the config doctor's split, when present, is the reference
+        from dsdoctor.config.split import inference_config  # type: ignore
+
+        return inference_config(cfg)
+    except ImportError:
+        pass
+    for key in _TRAINING_ONLY_TOP:
+        cfg.pop(key, None)
+    zero = cfg.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in _TRAINING_ONLY_ZERO:
+            zero.pop(key, None)
+    return cfg
+
+
+def _pin_memory(value: bool):
+    def rewrite(cfg: dict) -> dict:
+        zero = _zero(cfg)
+        for key in ("offload_param", "offload_optimizer"):
+            if isinstance(zero.get(key), dict):
+                zero[key]["pin_memory"] = value
+        return cfg
+    return rewrite
+
+
+def _prefetch(size: int):
+    def rewrite(cfg: dict) -> dict:
+        _zero(cfg)["stage3_prefetch_bucket_size"] = size
+        return cfg
+    return rewrite
+
+
+_FIXED = {
+    "as-is": ("the config as the script passes it", _as_is),
+    "no-offload-param": ("zero_optimization.offload_param removed", _no_offload_param),
+    "split": ("the inference part only: no optimizer, scheduler or offload_optimizer", split_inference_config),
+    "pin-memory-on": ("offload pin_memory true", _pin_memory(True)),
+    "pin-memory-off": ("offload pin_memory false", _pin_memory(False)),
+}
+KNOWN = tuple(_FIXED) + ("prefetch=N",)
+
+
+def _rewrite_for(name: str):
+    if name in _FIXED:
+        return _FIXED[name][1]
+    if name.startswith("prefetch="):
+        return _prefetch(_parse_count(name.split("=", 1)[1], name))
+    raise InputError(f"unknown variant {name!r}", hint=f"known: {', '.join(KNOWN)}")
+
+
+def _parse_count(text: str, name: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"variant {name!r}: {text!r} is not a number of elements like 5e7") from None
+    if value <= 0:
+        raise InputError(f"variant {name!r}: the bucket size must be positive")
+    return int(value)
+
+
+def parse_variants(spec: str | list[str] | None) -> list[Variant]:
+    """``"as-is,no-offload-param,prefetch=1e7"`` (or a list) -> variants, validated, duplicates refused."""
+    if spec is None:
+        names = list(DEFAULT_VARIANTS)
+    elif isinstance(spec, str):
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+    else:
+        names = [str(n).strip() for n in spec]
+    if not names:
+        raise InputError("no variants given", hint=f"known: {', '.join(KNOWN)}")
+    out = []
+    for name in names:
+        _rewrite_for(name)  # validates
+        if any(v.name == name for v in out):
+            raise InputError(f"variant {name!r} given twice")
+        desc = _FIXED[name][0] if name in _FIXED else f"stage3_prefetch_bucket_size = {name.split('=', 1)[1]}"
+        out.append(Variant(name, desc))
+    return out
+
+
+def apply_variant(name: str, cfg: dict) -> dict:
+    """The rewritten copy of ``cfg`` for variant ``name``."""
+    return _rewrite_for(name)(copy.deepcopy(cfg))
