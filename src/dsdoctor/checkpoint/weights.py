@@ -37,7 +37,7 @@ def read_safetensors_header(path: Path) -> dict:
             (n,) = struct.unpack("<Q", raw)
             size = path.stat().st_size
             if n > min(size - 8, 100 * 2**20):
-                raise InputError("corrupt safetensors header length", path=path)
+                raise InputError(f"truncated or corrupt safetensors file: header of {n} bytes in a {size}-byte file", path=path)
             header = json.loads(fh.read(n))
     except FileNotFoundError:
         raise InputError("file not found", path=path) from None
