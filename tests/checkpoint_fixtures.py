@@ -8,7 +8,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.helpers import ROOT, deepspeed_launch
+import socket
+import subprocess
+import sys
+
+from tests.helpers import ROOT, deepspeed_env
 
 MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
@@ -19,9 +23,27 @@ def zero_checkpoints() -> Path:
     base = Path(tempfile.mkdtemp(prefix="dsdoctor-ckpt-"))
     atexit.register(shutil.rmtree, base, True)
     for world, stages in ((2, ("3", "2")), (3, ("3",))):
-        res = deepspeed_launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world, timeout=600)
+        res = _launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world)
         assert "MAKE_ZERO_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     return base
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(script: Path, *args: str, nprocs: int) -> subprocess.CompletedProcess:
+    """Like helpers.deepspeed_launch, on a free port: several people launch DeepSpeed on this machine at once,
+    and the default port 29500 is then taken."""
+    for _ in range(3):
+        launcher = Path(sys.executable).parent / "deepspeed"
+        cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(_free_port()), str(script), *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(), timeout=600)
+        if "EADDRINUSE" not in res.stdout + res.stderr:
+            return res
+    return res
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:

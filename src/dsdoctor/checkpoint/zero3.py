@@ -34,14 +34,17 @@ def plan_zero3(states: States, world: int) -> list[TensorPlan]:
     for name, shape in frozen_shapes.items():
         shape = shape_of(shape, path0)
         n = math.prod(shape)
-        chunks = []
+        # the concatenation of every rank's whole fragment, trimmed to n (as zero_to_fp32 does)
+        frags = []
         for p, sd in zip(states.layout.model_files, states.model):
             frag = (sd.get("frozen_param_fragments") or {}).get(name)
             if not isinstance(frag, TensorRef):
                 raise InputError(f"frozen parameter {name} has no fragment", path=p)
-            chunks.append([frag])
-        pieces = _gather(chunks, 0, n, world)
-        out.append(TensorPlan(name, shape, chunks[0][0].dtype, pieces, "frozen"))
+            frags.append(frag)
+        if sum(f.numel for f in frags) < n:
+            raise InputError(f"frozen parameter {name}: fragments hold {sum(f.numel for f in frags)} of {n} elements",
+                             path=states.layout.model_files[0])
+        out.append(TensorPlan(name, shape, frags[0].dtype, split_range(frags, 0, n), "frozen"))
 
     groups = []
     for p, osd in zip(states.layout.optim_files, states.optim):
