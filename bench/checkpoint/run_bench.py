@@ -1,0 +1,156 @@
+"""dsdoctor merge vs DeepSpeed 0.19.8 zero_to_fp32 on one ZeRO-3 checkpoint: wall time, peak RSS, disk bandwidth.
+
+  python bench/checkpoint/run_bench.py --ckpt /tmp/dsdoctor-bench/ckpt --out bench/checkpoint/results.json
+
+Before each run: outputs removed, `sync`, page cache dropped (needs root; the JSON says whether it was).
+Each tool runs as its own process; peak RSS is that process's ru_maxrss (resident pages, including touched
+memory-mapped file pages, as `top` shows them). Time is until the process exits, then the `sync` that
+flushes what it left in the page cache is timed separately and added for the "durable" time (dsdoctor
+fsyncs its shards itself; zero_to_fp32 does not). The disk's sequential write and read bandwidth are
+measured in the same run with a file as large as the output. Outputs are compared tensor by tensor.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MEASURE = ("import resource, subprocess, sys, time; t = time.perf_counter(); rc = subprocess.run(sys.argv[1:], "
+           "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
+           "print(rc, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")
+
+
+def drop_caches() -> bool:
+    subprocess.run(["sync"], check=True)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed_sync() -> float:
+    t = time.perf_counter()
+    subprocess.run(["sync"], check=True)
+    return time.perf_counter() - t
+
+
+def disk_bandwidth(directory: Path, size: int) -> dict:
+    path = directory / "bandwidth.bin"
+    block = os.urandom(16 * 2**20)
+    drop_caches()
+    t = time.perf_counter()
+    with open(path, "wb", buffering=0) as fh:
+        written = 0
+        while written < size:
+            written += fh.write(block)
+        os.fsync(fh.fileno())
+    write_s = time.perf_counter() - t
+    cold = drop_caches()
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(16 * 2**20)
+        while fh.readinto(buf):
+            pass
+    read_s = time.perf_counter() - t
+    path.unlink()
+    return {"bytes": written, "write_MBps": written / write_s / 1e6, "read_MBps": written / read_s / 1e6,
+            "read_cold_cache": cold}
+
+
+def run_tool(name: str, cmd: list[str], out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cold = drop_caches()
+    print(f"[bench] {name}: {' '.join(cmd)}", flush=True)
+    res = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True, check=True)
+    rc, wall, rss = res.stdout.split()
+    sync_s = timed_sync()
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    row = {"tool": name, "rc": int(rc), "wall_s": float(wall), "sync_after_s": sync_s,
+           "durable_s": float(wall) + sync_s, "peak_rss_bytes": int(rss), "output_bytes": size,
+           "cold_cache": cold, "command": cmd}
+    print(f"[bench] {name}: {json.dumps(row)}", flush=True)
+    return row
+
+
+def compare_outputs(a: Path, b: Path) -> dict:
+    import torch
+    from safetensors import safe_open
+
+    def index(d):
+        m = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"] \
+            if (d / "model.safetensors.index.json").exists() else None
+        if m is None:
+            f = d / "model.safetensors"
+            with safe_open(str(f), "pt") as fh:
+                return {k: f for k in fh.keys()}
+        return {k: d / v for k, v in m.items()}
+
+    ia, ib = index(a), index(b)
+    different = []
+    for k in sorted(set(ia) & set(ib)):
+        with safe_open(str(ia[k]), "pt") as fa, safe_open(str(ib[k]), "pt") as fb:
+            if not torch.equal(fa.get_tensor(k), fb.get_tensor(k)):
+                different.append(k)
+    return {"common": len(set(ia) & set(ib)), "only_dsdoctor": sorted(set(ia) - set(ib)),
+            "only_zero_to_fp32": sorted(set(ib) - set(ia)), "different": different}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt", default="/tmp/dsdoctor-bench/ckpt")
+    ap.add_argument("--work", default=None, help="where outputs go (default: next to the checkpoint)")
+    ap.add_argument("--out", default=str(ROOT / "bench/checkpoint/results.json"))
+    args = ap.parse_args()
+    ckpt = Path(args.ckpt)
+    work = Path(args.work or ckpt.parent)
+    tag_dir = ckpt / (ckpt / "latest").read_text().strip()
+    ckpt_bytes = sum(f.stat().st_size for f in tag_dir.iterdir())
+    params = json.loads((ckpt / "model" / "params.json").read_text())["parameters"]
+    print(f"[bench] checkpoint {ckpt}: {params / 1e9:.2f}B parameters, {ckpt_bytes / 1e9:.2f} GB; expecting "
+          "dsdoctor at <= 1/2 the time and RSS of zero_to_fp32", flush=True)
+
+    env_py = [sys.executable]
+    ours_out, ref_out = work / "out-dsdoctor", work / "out-zero_to_fp32"
+    disk = disk_bandwidth(work, ckpt_bytes)
+    print(f"[bench] disk: {json.dumps(disk)}", flush=True)
+    rows = [
+        run_tool("dsdoctor merge", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(ours_out), "--quiet",
+                                             "--model", str(ckpt / "model")], ours_out),
+        run_tool("zero_to_fp32", env_py + ["-m", "deepspeed.utils.zero_to_fp32", str(ckpt), str(ref_out),
+                                           "--safe_serialization"], ref_out),
+    ]
+    read_bytes = sum(f.stat().st_size for f in tag_dir.glob("*optim_states.pt"))
+    for row in rows:
+        ideal = read_bytes / (disk["read_MBps"] * 1e6) + row["output_bytes"] / (disk["write_MBps"] * 1e6)
+        row["ideal_s_at_disk_bandwidth"] = ideal
+        row["fraction_of_disk_bandwidth"] = ideal / row["durable_s"]
+    same = compare_outputs(ours_out, ref_out)
+    ours, ref = rows
+    summary = {
+        "time_ratio": ours["durable_s"] / ref["durable_s"],
+        "time_ratio_wall_only": ours["wall_s"] / ref["wall_s"],
+        "rss_ratio": ours["peak_rss_bytes"] / ref["peak_rss_bytes"],
+        "dsdoctor_fraction_of_disk_bandwidth": ours["fraction_of_disk_bandwidth"],
+        "identical_tensors": not same["different"] and not same["only_zero_to_fp32"],
+    }
+    result = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+        "checkpoint": {"path": str(ckpt), "parameters": params, "bytes": ckpt_bytes, "fp32_partition_bytes": read_bytes},
+        "disk": disk, "runs": rows, "comparison": same, "summary": summary,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    shutil.rmtree(ours_out, ignore_errors=True)
+    shutil.rmtree(ref_out, ignore_errors=True)
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""``dsdoctor merge``: DeepSpeed ZeRO-1/2/3 checkpoint -> safetensors shards that ``from_pretrained`` loads.
+
+Flow: find the files (layout) -> read the small pickles safely (unpickle) -> map every tensor to byte ranges
+(plan) -> check disk space -> stream into a temporary directory (writer) -> copy config/tokenizer files ->
+rename into place. Memory stays at one conversion chunk; no pickle code runs; an interrupted run leaves
+nothing that looks complete.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsdoctor.checkpoint import rules  # noqa: F401  (registers DSD4xx)
+from dsdoctor.checkpoint.layout import find_layout
+from dsdoctor.checkpoint.plan import build_plan, read_states
+from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
+from dsdoctor.errors import InputError
+from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.fsutil import atomic_output_dir, refuse_overwrite
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table
+from dsdoctor.units import human_bytes, human_count, parse_bytes
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
+          "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+# files next to the weights that from_pretrained / AutoTokenizer read
+MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "vocab.txt",
+               "merges.txt", "chat_template.json", "chat_template.jinja", "preprocessor_config.json")
+DISK_MARGIN = 64 * 1024 * 1024
+
+
+@dataclass
+class MergeResult:
+    checkpoint: str
+    tag: str
+    zero_stage: int
+    world_size: int
+    ds_version: str | None
+    out_dir: str
+    dtype: str
+    tensors: int
+    parameters: int
+    frozen: int
+    buffers: int
+    bytes_written: int
+    shards: list[str]
+    tied: dict[str, str]  # alias -> stored name
+    tied_stored_once: bool
+    copied_files: list[str]
+    seconds: float
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self, lang: str = "en") -> dict:
+        return {
+            "checkpoint": self.checkpoint, "tag": self.tag, "zero_stage": self.zero_stage,
+            "world_size": self.world_size, "ds_version": self.ds_version, "out_dir": self.out_dir,
+            "dtype": self.dtype, "tensors": self.tensors, "parameters": self.parameters, "frozen": self.frozen,
+            "buffers": self.buffers, "bytes_written": self.bytes_written, "shards": self.shards,
+            "tied": self.tied, "tied_stored_once": self.tied_stored_once, "copied_files": self.copied_files,
+            "seconds": round(self.seconds, 3),
+            "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
+        }
+
+    def _rows(self, lang: str):
+        en = lang != "zh"
+        tied = ", ".join(f"{a} = {s}" for a, s in self.tied.items()) or "-"
+        return [
+            ("checkpoint" if en else "检查点", f"{self.checkpoint} (tag {self.tag})"),
+            ("ZeRO stage / ranks" if en else "ZeRO 阶段 / rank 数", f"{self.zero_stage} / {self.world_size}"),
+            ("tensors" if en else "张量", f"{self.tensors} ({human_count(self.parameters)} parameters, "
+                                          f"{self.frozen} frozen, {self.buffers} buffers)"),
+            ("written" if en else "写出", f"{self.out_dir}: {len(self.shards)} shard(s), "
+                                          f"{human_bytes(self.bytes_written)} {self.dtype}"),
+            ("tied" if en else "绑定", tied + ("" if not self.tied else
+                                               (" (stored once)" if self.tied_stored_once else " (copied)"))),
+            ("copied" if en else "已复制", ", ".join(self.copied_files) or "-"),
+            ("time" if en else "耗时", f"{self.seconds:.1f} s"),
+        ]
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        width = max(len(k) for k, _ in self._rows(lang))
+        lines = [f"{style.ok} " + ("merged" if lang != "zh" else "合并完成")]
+        lines += [f"  {k:<{width}}  {v}" for k, v in self._rows(lang)]
+        return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        head = ("", "") if lang != "zh" else ("", "")
+        return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
+
+
+def _config_dir(model, root: Path) -> tuple[Path | None, list[Path]]:
+    searched = [Path(model)] if model else [root, root.parent]
+    if model and not Path(model).is_dir():
+        raise InputError("--model must be a directory holding config.json", path=model)
+    for d in searched:
+        if (d / "config.json").is_file():
+            return d, searched
+    return None, searched
+
+
+def _read_config(d: Path | None) -> dict:
+    if d is None:
+        return {}
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read config.json: {exc}", path=d / "config.json") from None
+    if not isinstance(cfg, dict):
+        raise InputError("config.json is not a JSON object", path=d / "config.json")
+    return cfg
+
+
+def _ties_embeddings(cfg: dict) -> bool:
+    for c in (cfg, cfg.get("text_config") or {}):
+        if c.get("tie_word_embeddings") is True:
+            return True
+    return False
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="merging", file=sys.stderr,
+                disable=not sys.stderr.isatty(), leave=False)
+
+
+def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",
+          model=None, force: bool = False, progress: bool = True) -> MergeResult:
+    """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``."""
+    started = time.perf_counter()
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype must be one of fp32, bf16, fp16, not {dtype!r}")
+    out_dtype = DTYPES[dtype]
+    max_bytes = parse_bytes(max_shard_size, "--max-shard-size")
+    if max_bytes <= 0:
+        raise InputError("--max-shard-size must be positive")
+    out = Path(out_dir)
+    refuse_overwrite(out, force)
+
+    layout = find_layout(ckpt_dir, tag)
+    if out.resolve() == layout.tag_dir.resolve() or out.resolve() == layout.root.resolve():
+        raise InputError("output directory is the checkpoint itself", path=out)
+    plan = build_plan(read_states(layout))
+    cfg_dir, searched = _config_dir(model, layout.root)
+    cfg = _read_config(cfg_dir)
+
+    findings: list[Finding] = []
+    tensors = [OutTensor(t.name, t, output_dtype(t, out_dtype)) for t in plan.tensors]
+    stored_once = _ties_embeddings(cfg)
+    if plan.aliases and not stored_once:
+        by_name = {t.name: t for t in tensors}
+        tensors += [OutTensor(alias, by_name[src].plan, by_name[src].dtype) for alias, src in plan.aliases.items()]
+        findings.append(Finding("DSD411", {"names": ", ".join(f"{a} = {s}" for a, s in plan.aliases.items())}))
+    total = sum(t.nbytes for t in tensors)
+
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    if free < total + DISK_MARGIN:
+        raise InputError(f"not enough free disk space: the merge writes {human_bytes(total)}, "
+                         f"{human_bytes(free)} free", path=parent)
+
+    bar = _progress(total, progress)
+    copied: list[str] = []
+    try:
+        with atomic_output_dir(out, force=force) as tmp:
+            metadata = {"format": "pt", "dsdoctor": {
+                "source": str(layout.tag_dir), "zero_stage": plan.stage, "world_size": plan.world_size,
+                "dtype": out_dtype, "tied_weights": plan.aliases, "tied_stored_once": stored_once and bool(plan.aliases),
+            }}
+            shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
+                                           on_bytes=(bar.update if bar is not None else lambda n: None))
+            if cfg_dir is not None:
+                for name in MODEL_FILES:
+                    src = cfg_dir / name
+                    if src.is_file():
+                        shutil.copyfile(src, tmp / name)
+                        copied.append(name)
+    finally:
+        if bar is not None:
+            bar.close()
+    if "config.json" not in copied:
+        findings.append(Finding("DSD410", {"searched": ", ".join(map(str, searched)), "out_dir": str(out)}))
+
+    return MergeResult(
+        checkpoint=str(layout.root), tag=layout.tag, zero_stage=plan.stage, world_size=plan.world_size,
+        ds_version=plan.ds_version, out_dir=str(out), dtype=out_dtype,
+        tensors=len(tensors), parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
+        frozen=sum(1 for t in plan.tensors if t.kind == "frozen"),
+        buffers=sum(1 for t in plan.tensors if t.kind == "buffer"),
+        bytes_written=written, shards=shards, tied=dict(plan.aliases), tied_stored_once=stored_once and bool(plan.aliases),
+        copied_files=copied, seconds=time.perf_counter() - started, findings=findings,
+    )
+
+
+__all__ = ["merge", "MergeResult", "INDEX_NAME"]

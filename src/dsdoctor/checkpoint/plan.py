@@ -1,0 +1,153 @@
+"""What to write: every output tensor as an ordered list of byte ranges in the shard files.
+
+``read_states`` loads the (small) pickles of a layout; ``build_plan`` dispatches to the ZeRO-3 or ZeRO-1/2
+rebuild rule. Nothing here reads tensor data except buffers and frozen fragments' headers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsdoctor.checkpoint import unpickle
+from dsdoctor.checkpoint.layout import Layout
+from dsdoctor.checkpoint.unpickle import TensorRef
+from dsdoctor.errors import InputError
+
+
+@dataclass(frozen=True)
+class Piece:
+    ref: TensorRef
+    start: int  # element index into ref (flattened)
+    count: int
+
+
+@dataclass
+class TensorPlan:
+    name: str
+    shape: tuple
+    dtype: str  # source dtype of the pieces (all pieces share it)
+    pieces: list[Piece]
+    kind: str  # trainable | frozen | buffer
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class MergePlan:
+    stage: int
+    world_size: int
+    tensors: list[TensorPlan]  # in DeepSpeed's order: buffers, frozen, trainable
+    aliases: dict[str, str] = field(default_factory=dict)  # shared (tied) name -> name that holds the data
+    ds_version: str | None = None
+
+
+@dataclass
+class States:
+    layout: Layout
+    model: list[dict]
+    optim: list[dict]  # optimizer_state_dict of each rank
+
+
+def read_states(layout: Layout) -> States:
+    model = [unpickle.load(p) for p in layout.model_files]
+    optim = []
+    for p in layout.optim_files:
+        sd = unpickle.load(p)
+        osd = sd.get("optimizer_state_dict") if isinstance(sd, dict) else None
+        if not isinstance(osd, dict) or "zero_stage" not in osd:
+            raise InputError("not a ZeRO optimizer checkpoint (no optimizer_state_dict.zero_stage)", path=p)
+        optim.append(osd)
+    for p, sd in zip(layout.model_files, model):
+        if not isinstance(sd, dict) or "buffer_names" not in sd:
+            raise InputError("not a DeepSpeed model-states file (no buffer_names)", path=p)
+        if not sd.get("param_shapes"):
+            raise InputError("no param_shapes: saved without an optimizer, so the flat partitions cannot be "
+                             "mapped back to parameters", path=p)
+    return States(layout, model, optim)
+
+
+def check_world_size(states: States) -> int:
+    """World size from partition_count, the same in every file and equal to the number of rank files."""
+    sizes = []
+    for p, osd in zip(states.layout.optim_files, states.optim):
+        pc = osd.get("partition_count")
+        pc = max(pc) if isinstance(pc, (list, tuple)) else pc
+        if not isinstance(pc, int) or pc < 1:
+            raise InputError(f"invalid partition_count {pc!r}", path=p)
+        sizes.append((p, pc))
+    distinct = sorted({pc for _, pc in sizes})
+    if len(distinct) > 1:
+        detail = ", ".join(f"{p.name}: {pc}" for p, pc in sizes)
+        raise InputError(f"shards from different world sizes ({detail})", path=states.layout.tag_dir,
+                         hint="an old checkpoint was partly overwritten; re-save it or pick another tag")
+    world = distinct[0]
+    have = len(states.layout.optim_files)
+    if world != have:
+        kind = "missing" if have < world else "extra"
+        raise InputError(f"{kind} rank files: saved by {world} ranks (partition_count) but {have} "
+                         "optim-states files are present", path=states.layout.tag_dir,
+                         hint="a rank failed to save or files from another run were copied in")
+    stages = {int(osd["zero_stage"]) for osd in states.optim}
+    if len(stages) > 1:
+        raise InputError(f"optim-states files of different ZeRO stages {sorted(stages)}", path=states.layout.tag_dir)
+    return world
+
+
+def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:
+    """Pieces covering elements [start, start+count) of the virtual concatenation of ``chunks``."""
+    pieces, base = [], 0
+    end = start + count
+    for ref in chunks:
+        n = ref.numel
+        lo, hi = max(start, base), min(end, base + n)
+        if lo < hi:
+            pieces.append(Piece(ref, lo - base, hi - lo))
+        base += n
+        if base >= end:
+            break
+    if sum(p.count for p in pieces) != count:
+        raise InputError(f"partition ends early: wanted elements {start}..{end} of {base}",
+                         path=chunks[0].path if chunks else None)
+    return pieces
+
+
+def build_plan(states: States) -> MergePlan:
+    world = check_world_size(states)
+    stage = int(states.optim[0]["zero_stage"])
+    if stage == 3:
+        from dsdoctor.checkpoint.zero3 import plan_zero3 as planner
+    elif stage in (1, 2):
+        from dsdoctor.checkpoint.zero12 import plan_zero12 as planner
+    else:
+        raise InputError(f"unsupported zero_stage {stage}", path=states.layout.optim_files[0])
+    tensors = buffers(states) + planner(states, world)
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"a parameter appears twice: {', '.join(dup[:5])}", path=states.layout.model_files[0])
+    shared = states.model[0].get("shared_params") or {}
+    have = set(names)
+    aliases = {alias: src for alias, src in shared.items() if src in have and alias not in have}
+    return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases,
+                     ds_version=states.model[0].get("ds_version"))
+
+
+def buffers(states: States) -> list[TensorPlan]:
+    sd = states.model[0]
+    module = sd.get("module") or {}
+    out = []
+    for name in sd.get("buffer_names") or []:
+        ref = module.get(name)
+        if isinstance(ref, TensorRef):
+            out.append(TensorPlan(name, tuple(ref.shape), ref.dtype, [Piece(ref, 0, ref.numel)], "buffer"))
+    return out
+
+
+def shape_of(shape, path) -> tuple:
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputError(f"invalid parameter shape {shape!r}", path=path)
+    return tuple(shape)

@@ -1,0 +1,63 @@
+"""Real DeepSpeed checkpoints for the checkpoint tests, made once per session (two launches in all)."""
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import socket
+import subprocess
+import sys
+
+from tests.helpers import ROOT, deepspeed_env
+
+MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
+
+
+@functools.lru_cache(maxsize=None)
+def zero_checkpoints() -> Path:
+    """base/w2/{zero3,zero2,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP."""
+    base = Path(tempfile.mkdtemp(prefix="dsdoctor-ckpt-"))
+    atexit.register(shutil.rmtree, base, True)
+    for world, stages in ((2, ("3", "2")), (3, ("3",))):
+        res = _launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world)
+        assert "MAKE_ZERO_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    return base
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(script: Path, *args: str, nprocs: int) -> subprocess.CompletedProcess:
+    """Like helpers.deepspeed_launch, on a free port: several people launch DeepSpeed on this machine at once,
+    and the default port 29500 is then taken."""
+    for _ in range(3):
+        launcher = Path(sys.executable).parent / "deepspeed"
+        cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(_free_port()), str(script), *args]
+        res = subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(), timeout=600)
+        if "EADDRINUSE" not in res.stdout + res.stderr:
+            return res
+    return res
+
+
+def copy_checkpoint(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def read_merged(out: Path) -> dict:
+    """Every tensor of a merged directory, read with the safetensors package."""
+    from safetensors import safe_open
+
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    tensors = {}
+    for name, shard in index["weight_map"].items():
+        with safe_open(str(out / shard), framework="pt") as fh:
+            tensors[name] = fh.get_tensor(name)
+    return tensors

@@ -1,0 +1,136 @@
+"""dsdoctor verify: each finding from a real merged checkpoint with one thing broken, through the real CLI."""
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsdoctor.checkpoint.merge import merge
+from dsdoctor.checkpoint.verify import verify
+from dsdoctor.errors import InputError
+from tests.checkpoint_fixtures import read_merged, zero_checkpoints
+from tests.helpers import run_cli
+
+pytestmark = pytest.mark.deepspeed
+
+
+@functools.lru_cache(maxsize=None)
+def merged() -> Path:
+    base = zero_checkpoints()
+    out = base / "merged-w2-zero3"
+    merge(base / "w2" / "zero3", out, model=base / "w2" / "model", progress=False)
+    return out
+
+
+def variant(tmp_path: Path, edit) -> Path:
+    """A copy of the merged weights (one file) after ``edit(tensors)``, with the config."""
+    from safetensors.torch import save_file
+
+    tensors = read_merged(merged())
+    edit(tensors)
+    out = tmp_path / "variant"
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(merged() / "config.json", out / "config.json")
+    return out
+
+
+def codes(proc) -> list[str]:
+    return [f["code"] for f in json.loads(proc.stdout)["findings"]]
+
+
+def check(path: Path, *extra) -> tuple[int, list[str]]:
+    proc = run_cli("verify", path, "--model", path, "--format", "json", *extra)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, codes(proc)
+
+
+def test_clean_merge_verifies_and_matches_deepspeed_bin_reference(tmp_path):
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    base = zero_checkpoints()
+    ref = tmp_path / "zero_to_fp32"
+    convert_zero_checkpoint_to_fp32_state_dict(str(base / "w2" / "zero3"), str(ref))  # pytorch_model.bin
+    proc = run_cli("verify", merged(), "--model", merged(), "--reference", ref, "--format", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ok"] and data["findings"] == []
+    assert data["compared_with_reference"] == 29 and data["max_abs_diff"] == 0.0  # lm_head via its tie
+    assert data["logits_max_abs_diff"] == 0.0 and data["logits_top1_agreement"] == 1.0
+    assert data["tied_groups"] == [["model.embed_tokens.weight", "lm_head.weight"]]
+    text = run_cli("verify", merged(), "--model", merged(), "--lang", "zh")
+    assert text.returncode == 0 and "验证通过" in text.stdout
+
+
+def test_empty_tensors_saved_without_gathering(tmp_path):
+    import torch
+
+    def empty(t):
+        for k in list(t)[:4]:
+            t[k] = torch.empty(0, dtype=t[k].dtype)
+
+    rc, found = check(variant(tmp_path, empty))
+    assert rc == 1 and found == ["DSD404"]
+
+
+def test_missing_unexpected_and_misshaped(tmp_path):
+    import torch
+
+    def edit(t):
+        del t["model.norm.weight"]
+        t["module.extra.weight"] = torch.ones(3)
+        t["model.layers.1.self_attn.k_proj.bias"] = torch.ones(17)
+
+    rc, found = check(variant(tmp_path, edit))
+    assert rc == 1 and sorted(found) == ["DSD401", "DSD402", "DSD403"]
+    proc = run_cli("verify", tmp_path / "variant", "--model", tmp_path / "variant")
+    assert "model.norm.weight" in proc.stdout and "[17] != [16]" in proc.stdout
+
+
+def test_nan_and_tied_weights_that_differ(tmp_path):
+    import torch
+
+    def edit(t):
+        t["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")
+        t["lm_head.weight"] = t["model.embed_tokens.weight"] + 1
+
+    rc, found = check(variant(tmp_path, edit))
+    assert rc == 1 and sorted(found) == ["DSD405", "DSD407"]
+
+
+def test_reference_mismatch_reports_tensor_and_logits(tmp_path):
+    def edit(t):
+        t["model.layers.1.mlp.down_proj.weight"] *= 3
+
+    rc, found = check(variant(tmp_path, edit), "--reference", str(merged()))
+    assert rc == 1 and sorted(found) == ["DSD408", "DSD409"]
+    rc, found = check(tmp_path / "variant", "--reference", str(merged()), "--no-logits")
+    assert found == ["DSD408"]
+
+
+def test_bf16_weights_for_fp32_config_is_info_and_within_rounding(tmp_path):
+    import torch
+
+    def to_bf16(t):
+        for k in t:
+            t[k] = t[k].to(torch.bfloat16)
+
+    rc, found = check(variant(tmp_path, to_bf16), "--reference", str(merged()))
+    assert rc == 0 and found == ["DSD406"]
+
+
+def test_bad_inputs_exit_2(tmp_path):
+    proc = run_cli("verify", tmp_path / "nope", "--model", merged())
+    assert proc.returncode == 2 and "weights directory not found" in proc.stderr
+    (tmp_path / "m").mkdir()
+    proc = run_cli("verify", merged(), "--model", tmp_path / "m")
+    assert proc.returncode == 2 and "no config.json" in proc.stderr
+    broken = tmp_path / "broken"
+    shutil.copytree(merged(), broken)
+    shard = next(broken.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:1000])
+    with pytest.raises(InputError, match="truncated"):
+        verify(broken, broken)
