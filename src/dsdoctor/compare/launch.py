@@ -96,8 +96,20 @@ def _run_in_process(job: dict) -> LaunchOutcome:
         record = run_job(job)
     except Exception as exc:  # the load path failing is a finding, not a crash of dsdoctor
         return LaunchOutcome(False, None, cmd, "", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    finally:
+        _release_memory()
     Path(job["out"]).write_text(json.dumps(record), encoding="utf-8")
     return LaunchOutcome(True, record, cmd, "")
+
+
+def _release_memory() -> None:
+    """Free the in-process model before the next path's ranks need the same GPU."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _tail(log: Path) -> str:

@@ -32,13 +32,18 @@ def _log(msg: str) -> None:
 
 
 def _device(torch, path: str):
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if path in MULTI_RANK:
         from deepspeed.accelerator import get_accelerator
 
-        return torch.device(get_accelerator().current_device_name())
+        accelerator = get_accelerator()
+        if accelerator.device_name() != "cpu":
+            accelerator.set_device(local_rank)  # before loading: each rank on its own GPU
+            return torch.device(accelerator.device_name(local_rank))
+        return torch.device("cpu")
     if os.environ.get("DS_ACCELERATOR", "") == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cuda", local_rank)
 
 
 def _zero3_config(dtype: str, offload: bool, pin: bool) -> dict:
@@ -64,12 +69,15 @@ def load(job: dict):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     device = _device(torch, path)
+    # straight onto this rank's device: ZeRO-3 and AutoTP partition from there, and a 7B model does not
+    # go through host memory once per rank
     model = AutoModelForCausalLM.from_pretrained(
         job["model_dir"], dtype=torch_dtype, trust_remote_code=False, use_safetensors=True,
+        device_map={"": torch.device("cpu") if path == "zero3-offload" else device},
     )
     model.eval()
     if path == "plain":
-        return model.to(device), device, {}, 1
+        return model, device, {}, 1
 
     import deepspeed
     import torch.distributed as dist
