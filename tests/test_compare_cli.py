@@ -184,7 +184,7 @@ def test_plain_zero3_and_tensor_parallel_loads_match(models, tmp_path):
 
 
 @pytest.mark.deepspeed
-def test_launched_ranks_that_crash_are_reported_with_the_error(models, tmp_path):
+def test_launched_ranks_that_crash_are_reported_with_the_error(models, tmp_path, monkeypatch):
     from dsdoctor.compare.launch import run_path
 
     no_weights = tmp_path / "no_weights"
@@ -192,15 +192,26 @@ def test_launched_ranks_that_crash_are_reported_with_the_error(models, tmp_path)
     shutil.copy(models["ref"] / "config.json", no_weights)
     job = {"label": "zero3", "path": "zero3", "model_dir": str(no_weights), "dtype": "fp32",
            "prompts": [[5, 6]], "max_new_tokens": 2, "probe_ids": [1, 2], "quiet": True}
-    import os
-
-    env_backup = dict(os.environ)
-    os.environ.update(deepspeed_env())
-    try:
-        outcome = run_path(job, tmp_path, nprocs=1, timeout=300)
-    finally:
-        os.environ.clear()
-        os.environ.update(env_backup)
+    for key, value in deepspeed_env().items():
+        monkeypatch.setenv(key, value)
+    outcome = run_path(job, tmp_path, nprocs=1, timeout=300)
     assert not outcome.ok and outcome.record is None
     assert outcome.error.startswith("ranks exited with status"), outcome.error
     assert "Error" in outcome.error and "no_weights" in outcome.log_tail + outcome.error
+
+
+@pytest.mark.deepspeed
+def test_a_timeout_stops_every_rank(models, tmp_path, monkeypatch):
+    import psutil
+
+    from dsdoctor.compare.launch import run_path
+
+    for key, value in deepspeed_env().items():
+        monkeypatch.setenv(key, value)
+    job = {"label": "zero3", "path": "zero3", "model_dir": str(models["ref"]), "dtype": "fp32",
+           "prompts": [[5, 6]], "max_new_tokens": 2, "probe_ids": [1, 2], "quiet": True}
+    outcome = run_path(job, tmp_path, nprocs=2, timeout=3)
+    assert not outcome.ok and outcome.error.startswith("timed out")
+    job_file = str(tmp_path / "zero3.job.json")
+    left = [p for p in psutil.process_iter(["cmdline"]) if job_file in " ".join(p.info["cmdline"] or [])]
+    assert left == []

@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 NGPU=$($PY -c "import torch; print(torch.cuda.device_count())")
 GPUS=${GPUS:-$(( NGPU >= 2 ? 2 : 1 ))}
 echo "expect: a ${LAYERS}-layer 7B-shaped Llama built on the GPU and saved (~$(( LAYERS * 405 / 1000 + 1 )) GiB), then"
-echo "        plain vs zero3 vs tp (bf16, ${GPUS} ranks): zero3 identical or within tolerance, tp within"
+echo "        plain vs zero3 vs tp (${DTYPE:-bf16}, ${GPUS} ranks): zero3 identical or within tolerance, tp within"
 echo "        tolerance or near-tie splits only; about 4-5 minutes in all on 2 x H200"
 
 t0=$(date +%s)

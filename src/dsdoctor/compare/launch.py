@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,10 +75,7 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
     cmd = launch_command(job_file, nprocs)
     try:
         with open(log, "w", encoding="utf-8") as fh:
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_child_env(), timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        rc = None
+            rc = _run_group(cmd, fh, timeout)
     except OSError as exc:
         return LaunchOutcome(False, None, cmd, str(log), f"cannot start the launcher: {exc}")
     tail = _tail(log)
@@ -86,6 +84,31 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
         return LaunchOutcome(True, json.loads(out.read_text(encoding="utf-8")), cmd, str(log), log_tail=tail)
     why = "timed out" if rc is None else f"ranks exited with status {rc}" if rc else "rank 0 wrote no record"
     return LaunchOutcome(False, None, cmd, str(log), f"{why}: {_last_error(tail)}", tail)
+
+
+def _run_group(cmd: list[str], log, timeout: float | None) -> int | None:
+    """Run the launcher in its own process group so that a timeout or Ctrl-C stops every rank it started,
+    not just the launcher. None: timed out."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return None
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def _run_in_process(job: dict) -> LaunchOutcome:
