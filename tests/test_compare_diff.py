@@ -24,7 +24,7 @@ CLEAR = [(10, 5.0), (11, 2.0), (12, 1.0)]
 
 def test_identical_runs_match_with_zero_difference():
     a = record([10, 10], [step(CLEAR), step(CLEAR)])
-    d = diff_prompt(0, a, json.loads(json.dumps(a)), "fp32", PROBES)
+    d = diff_prompt(0, a, json.loads(json.dumps(a)), "fp32")
     assert (d.status, d.first_divergence, d.max_logit_diff, d.compared) == ("match", None, 0, 2)
     assert d.tolerance == pytest.approx(TOLERANCE["fp32"] * 5.0)
 
@@ -32,7 +32,7 @@ def test_identical_runs_match_with_zero_difference():
 def test_split_on_a_clear_winner_is_a_mismatch():
     a = record([10, 10], [step(CLEAR), step(CLEAR)])
     b = record([10, 11], [step(CLEAR), step([(11, 4.0), (10, 3.0), (12, 1.0)], probe=(0.5, 0, 0))])
-    d = diff_prompt(0, a, b, "fp32", PROBES)
+    d = diff_prompt(0, a, b, "fp32")
     assert d.status == "mismatch"
     assert (d.first_divergence, d.token_ref, d.token_other) == (1, 10, 11)
     assert d.margin_ref == pytest.approx(3.0)
@@ -45,7 +45,7 @@ def test_split_on_a_near_tie_with_agreeing_prefix_is_explained():
     tie_b = [(11, 3.0), (10, 2.9999), (12, 1.0)]
     a = record([7, 10, 4], [step(CLEAR), step(tie), step(CLEAR)])
     b = record([7, 11, 9], [step(CLEAR), step(tie_b), step([(9, 5.0)])])
-    d = diff_prompt(0, a, b, "fp32", PROBES)
+    d = diff_prompt(0, a, b, "fp32")
     assert d.status == "near-tie", d
     assert d.gap_other == pytest.approx(1e-4)
     assert d.max_logit_diff <= d.tolerance
@@ -56,14 +56,14 @@ def test_near_tie_after_a_drifting_prefix_is_still_a_mismatch():
     tie = [(10, 3.0), (11, 2.9999)]
     a = record([10, 10], [step(CLEAR), step(tie)])
     b = record([10, 11], [step(shifted), step(list(reversed(tie)))])
-    assert diff_prompt(0, a, b, "fp32", PROBES).status == "mismatch"
+    assert diff_prompt(0, a, b, "fp32").status == "mismatch"
 
 
 def test_same_tokens_with_logits_beyond_tolerance_is_drift_and_tolerance_depends_on_dtype():
     a = record([10], [step(CLEAR)])
     b = record([10], [step([(10, 5.2), (11, 2.0), (12, 1.0)])])
-    assert diff_prompt(0, a, b, "fp32", PROBES).status == "drift"
-    assert diff_prompt(0, a, b, "bf16", PROBES).status == "match"
+    assert diff_prompt(0, a, b, "fp32").status == "drift"
+    assert diff_prompt(0, a, b, "bf16").status == "match"
     assert tolerance("bf16", 0.1) == TOLERANCE["bf16"]  # logit scale below 1 counts as 1
     assert tolerance("fp32", 1) < tolerance("fp16", 1) < tolerance("bf16", 1)
 
@@ -71,7 +71,7 @@ def test_same_tokens_with_logits_beyond_tolerance_is_drift_and_tolerance_depends
 def test_different_inputs_are_refused():
     a = record([10], [step(CLEAR)])
     with pytest.raises(ValueError):
-        diff_prompt(0, a, record([10], [step(CLEAR)], ids=(1, 2)), "fp32", PROBES)
+        diff_prompt(0, a, record([10], [step(CLEAR)], ids=(1, 2)), "fp32")
     with pytest.raises(ValueError):
         diff_runs({"prompts": [a], "probe_ids": PROBES}, {"prompts": [a, a], "probe_ids": PROBES}, "fp32")
 

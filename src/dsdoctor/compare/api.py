@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Callable
 
 from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
+from dsdoctor.compare.launch import run_path
 from dsdoctor.compare.prompts import default_prompts, load_prompts
 from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
 from dsdoctor.errors import InputError
@@ -108,11 +108,14 @@ class CompareResult:
     # -- rendering ---------------------------------------------------------------------------------------
     def _header(self, lang: str) -> str:
         what = self.model_dir if not self.model_dir_b else f"A={self.model_dir}  B={self.model_dir_b}"
+        multi = any(p in MULTI_RANK for p in self.paths)
         if lang == "zh":
+            ranks = f"，多 rank 路径 {self.ranks} 个 rank" if multi else ""
             return (f"dsdoctor compare: {what}\n数据类型 {self.dtype}，{len(self.prompts)} 个提示 × "
-                    f"{self.max_new_tokens} 个新 token，贪心解码，多 rank 路径 {self.ranks} 个 rank")
+                    f"{self.max_new_tokens} 个新 token，贪心解码{ranks}")
+        ranks = f", {self.ranks} ranks for multi-rank paths" if multi else ""
         return (f"dsdoctor compare: {what}\ndtype {self.dtype}, {len(self.prompts)} prompts x "
-                f"{self.max_new_tokens} new tokens, greedy, {self.ranks} ranks for multi-rank paths")
+                f"{self.max_new_tokens} new tokens, greedy{ranks}")
 
     def _run_rows(self, lang: str, style: Style | None):
         pair_of = {p.other: p for p in self.pairs}
@@ -312,8 +315,6 @@ def compare(
         for n, (label, path, mdir) in enumerate(jobs, 1):
             nprocs = ranks if path in MULTI_RANK else 1
             say(f"[{n}/{len(jobs)}] {label}: {PATHS[path]} ({nprocs} rank{'s' * (nprocs > 1)}) ...")
-            from dsdoctor.compare.launch import run_path  # torch-free, but only needed here
-
             t0 = time.perf_counter()
             job = dict(base, label=label, path=path, model_dir=str(Path(mdir).resolve()))
             outcome = run_path(job, workdir, nprocs, timeout=timeout)
@@ -378,7 +379,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
                 base, count=len(by_status["mismatch"]), prompt=d.prompt,
                 position="-" if d.first_divergence is None else d.first_divergence,
                 token_ref=_or_dash(d.token_ref), token_other=_or_dash(d.token_other),
-                margin=_or_dash(d.margin_ref and _num(d.margin_ref)),
+                margin="-" if d.margin_ref is None else _num(d.margin_ref),
                 max_diff=_num(d.max_logit_diff), tol=_num(d.tolerance))))
         if by_status["near-tie"]:
             d = by_status["near-tie"][0]

@@ -46,14 +46,15 @@ class PromptDiff:
         return asdict(self)
 
 
-def _step_diff(a: dict, b: dict, probe_ids: list[int]) -> float:
+def _step_diff(a: dict, b: dict) -> float:
+    """Largest |logit difference| at one position: probe ids, and top-k ids both runs recorded."""
     diffs = [abs(x - y) for x, y in zip(a["probe_logits"], b["probe_logits"])]
     top_b = dict(zip(b["top_ids"], b["top_logits"]))
     diffs += [abs(v - top_b[t]) for t, v in zip(a["top_ids"], a["top_logits"]) if t in top_b]
     return max(diffs, default=0.0)
 
 
-def diff_prompt(index: int, ref: dict, other: dict, dtype: str, probe_ids: list[int]) -> PromptDiff:
+def diff_prompt(index: int, ref: dict, other: dict, dtype: str) -> PromptDiff:
     """``ref``/``other``: one prompt's record from two runs (tokens and per-step logits)."""
     if ref["input_ids"] != other["input_ids"]:
         raise ValueError(f"prompt {index}: the runs saw different inputs")
@@ -67,7 +68,7 @@ def diff_prompt(index: int, ref: dict, other: dict, dtype: str, probe_ids: list[
     tol = tolerance(dtype, scale)
     max_diff, where = 0.0, None
     for i in range(shared):
-        d = _step_diff(ref["steps"][i], other["steps"][i], probe_ids)
+        d = _step_diff(ref["steps"][i], other["steps"][i])
         if d > max_diff:
             max_diff, where = d, i
     result = PromptDiff(index, "match", n, max_logit_diff=round(max_diff, 6), max_diff_position=where,
@@ -92,4 +93,6 @@ def diff_prompt(index: int, ref: dict, other: dict, dtype: str, probe_ids: list[
 def diff_runs(ref: dict, other: dict, dtype: str) -> list[PromptDiff]:
     if len(ref["prompts"]) != len(other["prompts"]):
         raise ValueError("the runs saw a different number of prompts")
-    return [diff_prompt(i, a, b, dtype, ref["probe_ids"]) for i, (a, b) in enumerate(zip(ref["prompts"], other["prompts"]))]
+    if ref["probe_ids"] != other["probe_ids"]:
+        raise ValueError("the runs recorded different probe token ids")
+    return [diff_prompt(i, a, b, dtype) for i, (a, b) in enumerate(zip(ref["prompts"], other["prompts"]))]
