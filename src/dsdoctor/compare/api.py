@@ -1,0 +1,403 @@
+"""``compare()``: the library call behind ``dsdoctor compare``; plain values in, ``CompareResult`` out."""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from dsdoctor.compare import rules
+from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
+from dsdoctor.compare.launch import run_path
+from dsdoctor.compare.prompts import default_prompts, load_prompts
+from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
+from dsdoctor.errors import InputError
+from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.fsutil import atomic_output_dir
+from dsdoctor.model.spec import load_model_spec, normalize_dtype
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, to_json
+
+PROBE_COUNT = 64
+PROBE_SEED = 7
+TOP_K = 8
+
+
+@dataclass
+class PathRun:
+    """One load path that ran (or failed)."""
+
+    label: str  # plain, zero3, ... or A / B in two-directory mode
+    path: str
+    model_dir: str
+    ok: bool
+    ranks: int
+    device: str | None = None
+    load_seconds: float | None = None
+    generate_seconds: float | None = None
+    command: list[str] = field(default_factory=list)
+    error: str = ""
+    log: str = ""
+    log_tail: str = ""
+    tokens: list[list[int]] = field(default_factory=list)  # generated tokens per prompt
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PairResult:
+    """One path compared with the reference, per prompt."""
+
+    reference: str
+    other: str
+    diffs: list[PromptDiff]
+
+    @property
+    def status(self) -> str:  # the worst prompt's status
+        return max((d.status for d in self.diffs), key=STATUSES.index, default="match")
+
+    @property
+    def identical(self) -> bool:  # same tokens and the same recorded logits (rounded to 1e-6)
+        return all(d.status == "match" and d.max_logit_diff == 0 for d in self.diffs)
+
+    def to_dict(self) -> dict:
+        return {"reference": self.reference, "other": self.other, "status": self.status,
+                "identical": self.identical, "prompts": [d.to_dict() for d in self.diffs]}
+
+
+@dataclass
+class CompareResult:
+    model_dir: str
+    model_dir_b: str | None
+    paths: list[str]
+    ranks: int
+    dtype: str
+    max_new_tokens: int
+    prompts: list[list[int]]
+    runs: list[PathRun]
+    pairs: list[PairResult]
+    findings: list[Finding]
+    out: str | None = None
+
+    @property
+    def status(self) -> str:
+        if any(not r.ok for r in self.runs):
+            return "failed"
+        return max((p.status for p in self.pairs), key=STATUSES.index, default="match")
+
+    def to_dict(self, lang: str = "en") -> dict:
+        return {
+            "command": "compare",
+            "status": self.status,
+            "model_dir": self.model_dir,
+            "model_dir_b": self.model_dir_b,
+            "paths": self.paths,
+            "ranks": self.ranks,
+            "dtype": self.dtype,
+            "max_new_tokens": self.max_new_tokens,
+            "prompts": self.prompts,
+            "runs": [r.to_dict() for r in self.runs],
+            "comparisons": [p.to_dict() for p in self.pairs],
+            "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
+            "out": self.out,
+        }
+
+    # -- rendering ---------------------------------------------------------------------------------------
+    def _header(self, lang: str) -> str:
+        what = self.model_dir if not self.model_dir_b else f"A={self.model_dir}  B={self.model_dir_b}"
+        multi = any(p in MULTI_RANK for p in self.paths)
+        if lang == "zh":
+            ranks = f"，多 rank 路径 {self.ranks} 个 rank" if multi else ""
+            return (f"dsdoctor compare: {what}\n数据类型 {self.dtype}，{len(self.prompts)} 个提示 × "
+                    f"{self.max_new_tokens} 个新 token，贪心解码{ranks}")
+        ranks = f", {self.ranks} ranks for multi-rank paths" if multi else ""
+        return (f"dsdoctor compare: {what}\ndtype {self.dtype}, {len(self.prompts)} prompts x "
+                f"{self.max_new_tokens} new tokens, greedy{ranks}")
+
+    def _run_rows(self, lang: str, style: Style | None):
+        pair_of = {p.other: p for p in self.pairs}
+        rows = []
+        for r in self.runs:
+            if not r.ok:
+                verdict = ((style.error + " ") if style else "") + ("failed" if lang == "en" else "失败")
+            elif r.label not in pair_of:
+                verdict = "reference" if lang == "en" else "参考"
+            else:
+                verdict = _verdict(pair_of[r.label], lang, style)
+            secs = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
+            rows.append((r.label, r.path, r.ranks, secs(r.load_seconds), secs(r.generate_seconds), verdict))
+        head = (("run", "load path", "ranks", "load s", "generate s", "result")
+                if lang == "en" else ("运行", "加载方式", "rank 数", "加载 秒", "生成 秒", "结果"))
+        return head, rows
+
+    def _prompt_rows(self, lang: str):
+        head = (("compared", "prompt", "status", "first divergence", "tokens", "top-2 margin", "max logit diff",
+                 "tolerance") if lang == "en" else
+                ("比较", "提示", "状态", "首个分叉位置", "token", "top-2 差", "最大 logit 差", "容差"))
+        rows = []
+        for p in self.pairs:
+            for d in p.diffs:
+                div = "-" if d.first_divergence is None else d.first_divergence
+                toks = "-" if d.token_ref is None else f"{d.token_ref}/{d.token_other}"
+                margin = "-" if d.margin_ref is None else _num(d.margin_ref)
+                rows.append((f"{p.other} vs {p.reference}", d.prompt, d.status, div, toks, margin,
+                             _num(d.max_logit_diff), _num(d.tolerance)))
+        return head, rows
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        out = [self._header(lang), ""]
+        head, rows = self._run_rows(lang, style)
+        out.append(text_table(head, rows))
+        head, rows = self._prompt_rows(lang)
+        if rows:
+            out.append(text_table(head, rows))
+        for r in self.runs:
+            if not r.ok and r.log_tail:
+                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                out.append(title + (f" ({r.log})" if r.log else "") + "\n"
+                           + "\n".join("    " + ln for ln in r.log_tail.splitlines()[-10:]) + "\n")
+        out.append(findings_text(self.findings, lang, style))
+        if self.out:
+            out.append(("report written to " if lang == "en" else "报告已写入 ") + self.out + "\n")
+        return "\n".join(out)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        title = "# dsdoctor compare" if lang == "en" else "# dsdoctor compare 输出比较"
+        header = self._header(lang).split("\n", 1)
+        out = [title, "", f"`{header[0].split(': ', 1)[1]}`", "", header[1], ""]
+        head, rows = self._run_rows(lang, None)
+        out += [markdown_table(head, rows)]
+        head, rows = self._prompt_rows(lang)
+        if rows:
+            out += ["## " + ("Per prompt" if lang == "en" else "逐个提示"), "", markdown_table(head, rows)]
+        out += ["## " + ("Findings" if lang == "en" else "发现的问题"), "", findings_markdown(self.findings, lang)]
+        return "\n".join(out)
+
+
+def _num(x: float) -> str:
+    if x == 0:
+        return "0"
+    return f"{x:.3g}" if abs(x) >= 1e-3 else f"{x:.1e}"
+
+
+def _verdict(pair: PairResult, lang: str, style: Style | None) -> str:
+    n = len(pair.diffs)
+    counts = {s: sum(d.status == s for d in pair.diffs) for s in STATUSES}
+    worst = pair.status
+    glyph = ""
+    if style:
+        glyph = {"match": style.ok, "near-tie": style.info, "drift": style.warning, "mismatch": style.error}[worst] + " "
+    max_diff = _num(max((d.max_logit_diff for d in pair.diffs), default=0))
+    if lang == "zh":
+        names = {"match": "一致", "near-tie": "近似平局", "drift": "logit 漂移", "mismatch": "不一致"}
+        if pair.identical:
+            return f"{glyph}{n}/{n} 个提示完全相同"
+        parts = "，".join(f"{names[s]} {c}/{n}" for s, c in counts.items() if c)
+        return f"{glyph}{parts}（最大 logit 差 {max_diff}）"
+    if pair.identical:
+        return f"{glyph}identical on {n}/{n} prompts"
+    parts = ", ".join(f"{s} {c}/{n}" for s, c in counts.items() if c)
+    return f"{glyph}{parts} (max logit diff {max_diff})"
+
+
+# -- validation -------------------------------------------------------------------------------------------
+def _check_model_dir(model_dir) -> Path:
+    p = Path(model_dir)
+    if not p.exists():
+        raise InputError("model directory not found", path=p)
+    if not p.is_dir():
+        raise InputError("is not a directory", path=p, hint="pass the directory that holds config.json and the weights")
+    if not any(p.glob("*.safetensors")):
+        hint = "convert the weights to safetensors (save_pretrained(..., safe_serialization=True))"
+        if any(p.glob("*.bin")) or any(p.glob("*.pt")):
+            raise InputError("has only pickle weights (.bin/.pt), which dsdoctor does not load", path=p, hint=hint)
+        raise InputError("has no *.safetensors weights", path=p, hint=hint)
+    return p
+
+
+def _parse_paths(paths) -> list[str]:
+    if isinstance(paths, str):
+        paths = [x.strip() for x in paths.split(",")]
+    paths = [x for x in (paths or []) if x]
+    for x in paths:
+        if x not in PATHS:
+            raise InputError(f"unknown load path {x!r}", hint=f"choose from {', '.join(PATHS)}")
+    if len(set(paths)) != len(paths):
+        raise InputError(f"a load path is listed twice: {','.join(paths)}")
+    return paths
+
+
+def default_ranks() -> int:
+    """Visible GPUs when there are several, else 2 (the CPU accelerator runs any number of ranks)."""
+    if os.environ.get("DS_ACCELERATOR", "") != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+                return torch.cuda.device_count()
+        except ImportError:
+            pass
+    return 2
+
+
+def probe_ids(vocab_size: int) -> list[int]:
+    return sorted(random.Random(PROBE_SEED).sample(range(vocab_size), min(PROBE_COUNT, vocab_size)))
+
+
+# -- the call ---------------------------------------------------------------------------------------------
+def compare(
+    model_dir,
+    model_dir_b=None,
+    paths=("plain", "zero3"),
+    gpus: int | None = None,
+    prompts=None,
+    max_new_tokens: int = 16,
+    dtype: str | None = None,
+    out=None,
+    force: bool = False,
+    timeout: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompareResult:
+    """Greedy-generate the same prompts through each load path and compare every path with the first.
+
+    With ``model_dir_b``: one load path, run on both directories, B compared with A. ``prompts``: a prompt
+    file (see ``dsdoctor.compare.prompts``) or a list of token-id lists; None draws deterministic ones.
+    ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2). ``out``: a directory for the
+    report and the raw run records (refused if it exists unless ``force``)."""
+    say = progress or (lambda msg: None)
+    spec_a = load_model_spec(_check_model_dir(model_dir))
+    paths = _parse_paths(paths)
+    if model_dir_b is not None:
+        spec_b = load_model_spec(_check_model_dir(model_dir_b))
+        if spec_b.vocab_size != spec_a.vocab_size:
+            raise InputError(f"vocabulary size {spec_b.vocab_size} differs from {spec_a.vocab_size} in "
+                             f"{model_dir}: not the same model", path=model_dir_b)
+        if len(paths) != 1:
+            raise InputError("with two model directories give one load path (--paths plain, for example)")
+    elif len(paths) < 2:
+        raise InputError("give at least two load paths (--paths plain,zero3), or a second model directory")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be a positive integer, not {max_new_tokens!r}")
+    dtype_name = normalize_dtype(dtype) if dtype else (spec_a.dtype or "fp32")
+    if dtype_name not in TORCH_DTYPES:
+        raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
+    ranks = default_ranks() if gpus is None else gpus
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
+    if "tp" in paths:
+        for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
+            if n % ranks:
+                raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
+                                 path=spec_a.path, hint="choose --gpus that divides them")
+    if prompts is None:
+        special = [spec_a.raw.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
+        prompt_ids = default_prompts(spec_a.vocab_size, special)
+    elif isinstance(prompts, (str, os.PathLike)):
+        prompt_ids = load_prompts(prompts, spec_a.vocab_size, model_dir)
+    else:
+        prompt_ids = [list(map(int, p)) for p in prompts]
+        if not prompt_ids or not all(prompt_ids) or any(not 0 <= t < spec_a.vocab_size for p in prompt_ids for t in p):
+            raise InputError(f"prompts must be non-empty token-id lists within the vocabulary ({spec_a.vocab_size})")
+
+    if model_dir_b is None:
+        jobs = [(p, p, model_dir) for p in paths]
+    else:
+        jobs = [("A", paths[0], model_dir), ("B", paths[0], model_dir_b)]
+    base = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "dtype": dtype_name,
+            "probe_ids": probe_ids(spec_a.vocab_size), "top_k": TOP_K, "quiet": progress is None}
+
+    def run_all(workdir: Path) -> CompareResult:
+        runs, records = [], {}
+        for n, (label, path, mdir) in enumerate(jobs, 1):
+            nprocs = ranks if path in MULTI_RANK else 1
+            say(f"[{n}/{len(jobs)}] {label}: {PATHS[path]} ({nprocs} rank{'s' * (nprocs > 1)}) ...")
+            t0 = time.perf_counter()
+            job = dict(base, label=label, path=path, model_dir=str(Path(mdir).resolve()))
+            outcome = run_path(job, workdir, nprocs, timeout=timeout)
+            run = PathRun(label, path, str(mdir), outcome.ok, nprocs, command=outcome.command,
+                          error=outcome.error, log=outcome.log, log_tail=outcome.log_tail)
+            if outcome.ok:
+                rec = outcome.record
+                records[label] = rec
+                run.device, run.load_seconds, run.generate_seconds = rec["device"], rec["load_seconds"], rec["generate_seconds"]
+                run.tokens = [p["tokens"] for p in rec["prompts"]]
+            say(f"[{n}/{len(jobs)}] {label}: {'done' if outcome.ok else 'FAILED: ' + outcome.error} "
+                f"in {time.perf_counter() - t0:.0f}s")
+            runs.append(run)
+        pairs = []
+        ref = jobs[0][0]
+        if ref in records:
+            pairs = [PairResult(ref, label, diff_runs(records[ref], records[label], dtype_name))
+                     for label, _, _ in jobs[1:] if label in records]
+        findings = _findings(runs, pairs, dtype_name, ranks, len(prompt_ids))
+        return CompareResult(str(model_dir), None if model_dir_b is None else str(model_dir_b), paths, ranks,
+                             dtype_name, max_new_tokens, prompt_ids, runs, pairs, findings)
+
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="dsdoctor-compare-") as tmp:
+            result = run_all(Path(tmp))
+            for r in result.runs:
+                r.log = ""  # gone with the temporary directory; the tail stays in the result
+        return result
+    with atomic_output_dir(out, force=force) as tmp:
+        result = run_all(Path(tmp))
+        result.out = str(out)
+        for r in result.runs:
+            if r.log:
+                r.log = str(Path(out) / Path(r.log).name)
+        _write_reports(result, Path(tmp))
+    return result
+
+
+def _write_reports(result: CompareResult, directory: Path) -> None:
+    (directory / "report.json").write_text(to_json(result.to_dict("en")), encoding="utf-8")
+    (directory / "report.md").write_text(result.to_markdown("en"), encoding="utf-8")
+    (directory / "report.zh.md").write_text(result.to_markdown("zh"), encoding="utf-8")
+    for job in directory.glob("*.job.json"):
+        job.unlink()
+
+
+# -- findings ---------------------------------------------------------------------------------------------
+def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: int, total: int) -> list[Finding]:
+    found = []
+    for r in runs:
+        if not r.ok:
+            found.append(Finding(rules.PATH_FAILED.code, {"path": r.label, "error": r.error,
+                                                          "log": r.log or "shown above"}))
+    path_of = {r.label: r.path for r in runs}
+    for p in pairs:
+        base = {"ref": p.reference, "other": p.other, "total": total}
+        by_status = {s: [d for d in p.diffs if d.status == s] for s in STATUSES}
+        max_diff = max((d.max_logit_diff for d in p.diffs), default=0.0)
+        if by_status["mismatch"]:
+            d = by_status["mismatch"][0]
+            found.append(Finding(rules.OUTPUT_MISMATCH.code, dict(
+                base, count=len(by_status["mismatch"]), prompt=d.prompt,
+                position="-" if d.first_divergence is None else d.first_divergence,
+                token_ref=_or_dash(d.token_ref), token_other=_or_dash(d.token_other),
+                margin="-" if d.margin_ref is None else _num(d.margin_ref),
+                max_diff=_num(d.max_logit_diff), tol=_num(d.tolerance))))
+        if by_status["near-tie"]:
+            d = by_status["near-tie"][0]
+            found.append(Finding(rules.NEAR_TIE.code, dict(
+                base, count=len(by_status["near-tie"]), prompt=d.prompt, position=d.first_divergence,
+                token_ref=d.token_ref, token_other=d.token_other, gap=_num(d.gap_other or 0), tol=_num(d.tolerance))))
+        if by_status["drift"]:
+            d = max(by_status["drift"], key=lambda x: x.max_logit_diff)
+            found.append(Finding(rules.LOGITS_DRIFT.code, dict(
+                base, prompt=d.prompt, position=d.max_diff_position, max_diff=_num(d.max_logit_diff),
+                tol=_num(d.tolerance))))
+        if path_of.get(p.other) == "tp" and path_of.get(p.reference) != "tp" and not p.identical:
+            tol = max((d.tolerance for d in p.diffs), default=0.0)
+            found.append(Finding(rules.TP_NUMERICS.code, dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
+            found.append(Finding(rules.INIT_INFERENCE_DTYPE.code, dict(
+                base, dtype=dtype, torch_dtype=f"torch.{TORCH_DTYPES[dtype]}")))
+    return sort_findings(found)
+
+
+def _or_dash(x):
+    return "-" if x is None else x

@@ -1,0 +1,153 @@
+"""Start the worker for one load path: in this process (``plain``), or N ranks through DeepSpeed's
+launcher (``deepspeed --num_gpus N``) when it is installed, else ``python -m torch.distributed.run``.
+
+Launchers are wrapped, not rebuilt. Each launch gets a free port (several users on one host must not
+collide on 29500) and its own log file; rank 0 writes the run record.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsdoctor.compare.runner import MULTI_RANK
+
+LOG_TAIL_LINES = 25
+
+
+@dataclass
+class LaunchOutcome:
+    ok: bool
+    record: dict | None
+    command: list[str]
+    log: str  # path of the worker log ("" for in-process runs)
+    error: str = ""  # one line: why it failed
+    log_tail: str = ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_launcher() -> str | None:
+    """The ``deepspeed`` script next to this interpreter, else on PATH."""
+    sibling = Path(sys.executable).parent / "deepspeed"
+    if sibling.exists():
+        return str(sibling)
+    return shutil.which("deepspeed")
+
+
+def launch_command(job_file: Path, nprocs: int) -> list[str]:
+    port = str(free_port())
+    launcher = deepspeed_launcher()
+    if launcher:
+        return [launcher, "--num_gpus", str(nprocs), "--master_port", port,
+                "--module", "dsdoctor.compare.runner", str(job_file)]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
+            "--master_addr", "127.0.0.1", "--master_port", port, "-m", "dsdoctor.compare.runner", str(job_file)]
+
+
+def _child_env() -> dict:
+    """The workers import this very dsdoctor, even when it is not installed (a source checkout)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    return env
+
+
+def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None) -> LaunchOutcome:
+    """Run one load path; never raises for a failing worker (the outcome says why)."""
+    label = job["label"]
+    job = dict(job, out=str(workdir / f"{label}.json"))
+    if job["path"] not in MULTI_RANK:
+        return _run_in_process(job)
+    job_file = workdir / f"{label}.job.json"
+    job_file.write_text(json.dumps(job), encoding="utf-8")
+    log = workdir / f"{label}.log"
+    cmd = launch_command(job_file, nprocs)
+    try:
+        with open(log, "w", encoding="utf-8") as fh:
+            rc = _run_group(cmd, fh, timeout)
+    except OSError as exc:
+        return LaunchOutcome(False, None, cmd, str(log), f"cannot start the launcher: {exc}")
+    tail = _tail(log)
+    out = Path(job["out"])
+    if rc == 0 and out.exists():
+        return LaunchOutcome(True, json.loads(out.read_text(encoding="utf-8")), cmd, str(log), log_tail=tail)
+    why = "timed out" if rc is None else f"ranks exited with status {rc}" if rc else "rank 0 wrote no record"
+    return LaunchOutcome(False, None, cmd, str(log), f"{why}: {_last_error(tail)}", tail)
+
+
+def _run_group(cmd: list[str], log, timeout: float | None) -> int | None:
+    """Run the launcher in its own process group so that a timeout or Ctrl-C stops every rank it started,
+    not just the launcher. None: timed out."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return None
+    except BaseException:
+        _kill_group(proc)
+        raise
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def _run_in_process(job: dict) -> LaunchOutcome:
+    from dsdoctor.compare.runner import run_job
+
+    cmd = ["(in-process)", job["path"]]
+    try:
+        record = run_job(job)
+    except Exception as exc:  # the load path failing is a finding, not a crash of dsdoctor
+        return LaunchOutcome(False, None, cmd, "", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+    finally:
+        _release_memory()
+    Path(job["out"]).write_text(json.dumps(record), encoding="utf-8")
+    return LaunchOutcome(True, record, cmd, "")
+
+
+def _release_memory() -> None:
+    """Free the in-process model before the next path's ranks need the same GPU."""
+    import gc
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def _last_error(tail: str) -> str:
+    """The most telling line of a worker log: the last exception line, else the last line."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        head = ln.split(":", 1)[0].split("]")[-1].strip()
+        if head.endswith(("Error", "Exception")) or head in ("Segmentation fault", "Killed"):
+            return ln[:300]
+    return (lines[-1][:300] if lines else "no output")
