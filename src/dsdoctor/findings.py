@@ -8,6 +8,7 @@ themselves here, so ``dsdoctor explain CODE`` knows them all without importing t
 from __future__ import annotations
 
 import importlib
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,26 @@ def exit_code(findings: list[Finding], fail_on: str = "error") -> int:
     return 1 if any(severity_rank(f.effective_severity) >= threshold for f in findings) else 0
 
 
+def explanation_sections(text: str) -> list[tuple[str, str]]:
+    """Split an explanation into (heading, body) pairs. Headings are ``## Title`` lines, or unindented lines
+    followed by an indented body (both styles occur); bodies are dedented and re-joined."""
+    import textwrap
+
+    lines = text.strip("\n").splitlines()
+    sections: list[tuple[str, list[str]]] = []
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        is_heading = line.startswith("#") or (
+            line.strip() and not line[0].isspace() and nxt[:1].isspace() and len(line) < 40)
+        if is_heading:
+            sections.append((line.lstrip("#").strip(), []))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            sections.append(("", [line]))
+    return [(h, textwrap.dedent("\n".join(body)).strip()) for h, body in sections]
+
+
 def explain(code: str, lang: str = "en") -> str:
     """The long explanation of a finding code (``dsdoctor explain DSD101``); also accepts the rule name."""
     rules = all_rules()
@@ -138,4 +159,10 @@ def explain(code: str, lang: str = "en") -> str:
         known = ", ".join(rules) or "none"
         raise InputError(f"unknown finding code {code!r}", hint=f"known codes: {known}")
     head = f"{r.code} {r.name} ({r.severity})"
-    return f"{head}\n{'=' * len(head)}\n\n{pick(r.explanation, lang).strip()}\n"
+    parts = [head, "=" * len(head), ""]
+    for heading, body in explanation_sections(pick(r.explanation, lang)):
+        if heading:
+            width = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in heading)
+            parts += [heading, "-" * width]
+        parts += [body, ""]
+    return "\n".join(parts)
