@@ -187,7 +187,8 @@ _zero_keys = st.sampled_from(["stage", "offload_param", "offload_optimizer", "st
 _offload = st.dictionaries(st.sampled_from(["device", "pin_memory", "nvme_path", "buffer_count", "ratio", "x"]),
                            _leaf, max_size=3)
 _zero = st.dictionaries(_zero_keys, _leaf | _offload, max_size=5)
-_prec = st.dictionaries(st.sampled_from(["enabled", "loss_scale", "min_loss_scale", "fp16", "auto_cast"]), _leaf,
+_prec = st.dictionaries(st.sampled_from(["enabled", "loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis",
+                                        "fp16", "auto_cast", "immediate_grad_update"]), _leaf,
                         max_size=3)
 
 

@@ -48,6 +48,7 @@ class CheckResult:
     gpus: int | None = None
     tp: int | None = None
     notes: list[str] = field(default_factory=list)
+    ref_path: str | None = None  # the DeepSpeed JSON a YAML names
 
     def to_dict(self, lang: str = "en") -> dict:
         eff = self.effective.to_dict()
@@ -59,7 +60,8 @@ class CheckResult:
                    if k in self.hf_trainer.values and v.value != self.hf_trainer.values[k].value}
         hf.pop("values")
         return {
-            "config": self.config, "kind": self.kind, "mode": self.mode, "model": self.model,
+            "config": self.config, "kind": self.kind, "ref_path": self.ref_path, "mode": self.mode,
+            "model": self.model,
             "gpus": self.gpus, "tp": self.tp,
             "effective": eff, "hf_trainer": hf, "readings_differ": differs,
             "values": {k: v.to_dict() for k, v in self.effective.values.items()},
@@ -120,6 +122,8 @@ class CheckResult:
     def _head(self, lang: str) -> list[str]:
         zh = lang == "zh"
         lines = [f"{'配置' if zh else 'config'}: {self.config} ({self.kind}), {'模式' if zh else 'mode'}: {self.mode}"]
+        if self.ref_path:
+            lines.append(f"{'DeepSpeed 配置' if zh else 'DeepSpeed config'}: {self.ref_path}")
         if self.model:
             m = self.model
             lines.append(f"{'模型' if zh else 'model'}: {m['path']} ({human_count(m['num_params'])} params, "
@@ -168,7 +172,7 @@ def check(config, mode: str = "inference", model: str | os.PathLike | None = Non
     findings = detect(loaded, eff, hf, mode=mode, spec=spec, gpus=gpus, tp=tp)
     return CheckResult(
         config=loaded.name, kind=loaded.kind, mode=mode, effective=eff, hf_trainer=hf, findings=findings,
-        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
+        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes), ref_path=loaded.ref_path,
     )
 
 

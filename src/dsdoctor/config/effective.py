@@ -356,6 +356,8 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
     zw = "zero_optimization."
     if zero is not None:
         for k in zero:
+            if zero[k] == AUTO and k not in REMOVED_ZERO_KEYS:
+                continue  # dropped before validation
             if k in REMOVED_ZERO_KEYS:
                 invalid.append((zw + k, "removed in DeepSpeed 0.19: DeepSpeedConfig raises DeepSpeedConfigError"))
             elif k not in ZERO_FIELDS:
@@ -489,7 +491,7 @@ def _offload(zero: dict | None, name: str, values: dict, invalid: list, *, param
         allowed = OFFLOAD_PARAM_FIELDS if param else OFFLOAD_OPTIMIZER_FIELDS
         _type_errors(section, OFFLOAD_PARAM_TYPES if param else OFFLOAD_OPTIMIZER_TYPES, where, invalid)
         for k in section:
-            if k not in allowed:
+            if k not in allowed and section[k] != AUTO:
                 invalid.append((where + k, f"unknown key: the {name} config forbids extra keys and raises a "
                                            "ValidationError"))
     dev = _read(section, ("device",), where, _as_device, "none", canonical="device")
@@ -521,28 +523,57 @@ _PRECISION_TYPES = {"loss_scale": "float", "initial_scale_power": "int", "loss_s
                     "hysteresis": "int", "min_loss_scale": "int"}
 
 
+def _precision_errors(section: dict, name: str, key: str, invalid: list) -> None:
+    """DeepSpeedFP16Config / DeepSpeedBF16Config validation (runtime/precision_config.py), collected."""
+    import math
+
+    allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
+    values = {k: v for k, v in section.items() if v != AUTO}  # "auto" is dropped before validation
+    ok: dict[str, Any] = {}
+    for k, v in values.items():
+        path = f"{key}.{k}"
+        if k not in allowed:
+            invalid.append((path, f"unknown key: the {name} config forbids extra keys and raises a ValidationError"))
+            continue
+        kind = _PRECISION_TYPES.get(k, "bool")
+        try:
+            if k == "loss_scale":
+                if isinstance(v, bool):
+                    raise _bad(path, "must be a number, not bool")
+                try:
+                    f = float(v)
+                except (TypeError, ValueError):
+                    raise _bad(path, f"must be a number, not {v!r}") from None
+                if not math.isfinite(f) or f < 0:
+                    raise _bad(path, f"must be a finite number >= 0, not {v!r}")
+                ok[k] = f
+            elif kind == "int":
+                if k in ("loss_scale_window", "min_loss_scale"):
+                    if isinstance(v, bool):
+                        raise _bad(path, "must be an integer, not bool")
+                    try:
+                        int(v)
+                    except (TypeError, ValueError, OverflowError):
+                        raise _bad(path, f"must be an integer, not {v!r}") from None
+                ok[k] = _as_int(path, v, minimum=-(2**63))
+            else:
+                ok[k] = _as_bool(path, v)
+        except InputError as exc:
+            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+    if name == "fp16" and ok.get("enabled", False) and ok.get("loss_scale", 0) == 0:
+        for k, default in (("loss_scale_window", 1000), ("min_loss_scale", 1)):
+            if k in ok and ok[k] <= 0:
+                invalid.append((f"{key}.{k}", "must be > 0 with dynamic loss scaling (loss_scale 0): a ValidationError "
+                                              "in DeepSpeed"))
+
+
 def _dtype(raw: dict, values: dict, hf: bool, invalid: list) -> str:
     """fp16 / bf16 sections as DeepSpeed reads them (``bf16``, else the old ``bfloat16`` spelling)."""
     enabled = {}
     for name, keys in (("fp16", ("fp16",)), ("bf16", ("bf16", "bfloat16"))):
         key = next((k for k in keys if raw.get(k) is not None), keys[0])
         section = _section(raw, key, "")
-        allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
-        for k in section or ():
-            if k not in allowed:
-                invalid.append((f"{key}.{k}", f"unknown key: the {name} config forbids extra keys and raises a "
-                                              "ValidationError"))
-            elif k != "enabled" and section[k] != AUTO:
-                kind = _PRECISION_TYPES.get(k, "bool")
-                try:
-                    if kind == "int":
-                        _as_int(f"{key}.{k}", section[k], minimum=-(2**63))
-                    elif kind == "bool":
-                        _as_bool(f"{key}.{k}", section[k])
-                    elif isinstance(section[k], bool) or not isinstance(section[k], (int, float)):
-                        raise _bad(f"{key}.{k}", f"must be a number, not {section[k]!r}")
-                except InputError as exc:
-                    invalid.append((f"{key}.{k}", exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+        _precision_errors(section or {}, name, key, invalid)
         v = _read(section, ("enabled",), f"{key}.", _as_bool, False, canonical="enabled")
         if hf and v.state == AUTO:
             v.value = None

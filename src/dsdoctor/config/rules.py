@@ -251,7 +251,9 @@ Why is this bad?
   "auto" is dropped before validation, so the default wins silently: `"stage": "auto"` is stage 0 (no
   sharding at all), `"enabled": "auto"` is off (fp32 weights: twice the memory of bf16), `"device": "auto"`
   is no offload. In top-level numbers (train_batch_size, gradient_clipping) and optimizer params "auto" is
-  passed through and crashes later with a TypeError. Marked `-> TypeError` in the message.
+  passed through and crashes later with a TypeError. Marked `-> TypeError` in the message. Even accelerate
+  fills the batch size only from a dataloader: `accelerator.prepare(model)` for inference, with no
+  dataloader, raises a ValueError while `train_micro_batch_size_per_gpu` is "auto".
 
 Example
   {"bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
@@ -271,7 +273,8 @@ Use instead
   "auto" 会在校验前被丢弃，于是默认值悄悄生效：`"stage": "auto"` 就是 stage 0（完全不分片），
   `"enabled": "auto"` 就是关闭（fp32 权重，显存是 bf16 的两倍），`"device": "auto"` 就是不卸载。
   顶层数值（train_batch_size、gradient_clipping）和优化器参数里的 "auto" 会原样传下去，随后以 TypeError
-  崩溃，消息中标为 `-> TypeError`。
+  崩溃，消息中标为 `-> TypeError`。即便是 accelerate，也只会从 dataloader 推出批大小：推理时不传 dataloader
+  调用 `accelerator.prepare(model)`，只要 `train_micro_batch_size_per_gpu` 还是 "auto" 就会抛出 ValueError。
 
 示例
   {"bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
