@@ -238,3 +238,28 @@ def test_fuzz_dsdoctor_rejects_exactly_what_deepspeed_rejects(doc):
     else:
         assert not eff.invalid_keys, f"false DSD114 on a config DeepSpeed accepts: {eff.invalid_keys}"
         assert (eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device, eff.dtype) == theirs
+
+
+@pytest.mark.parametrize("name", ["huggingface__accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json",
+                                  "hiyouga__LLaMA-Factory__examples__deepspeed__ds_z3_config.json"])
+def test_accelerate_yaml_with_config_file_matches_accelerate_plugin(name, tmp_path, monkeypatch):
+    """An accelerate YAML naming a real corpus config (with "auto" stage/offload added): dsdoctor's dict
+    equals the one accelerate's DeepSpeedPlugin builds from the same file."""
+    import json as _json
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    for var in [v for v in os.environ if v.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(var)
+    cfg = _json.loads((CORPUS / name).read_text())
+    cfg["zero_optimization"]["stage"] = "auto"
+    cfg["zero_optimization"]["offload_param"] = {"device": "auto"}
+    ds = tmp_path / "ds.json"
+    ds.write_text(_json.dumps(cfg))
+    y = tmp_path / "acc.yaml"
+    y.write_text(f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {ds}\n")
+    theirs = DeepSpeedPlugin(hf_ds_config=str(ds)).deepspeed_config
+    ours = load_config(y).raw
+    assert ours["zero_optimization"] == theirs["zero_optimization"]
+    assert ours["gradient_accumulation_steps"] == theirs["gradient_accumulation_steps"]
+    assert effective_settings(ours).zero_stage == 2
