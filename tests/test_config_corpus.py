@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsdoctor.config.check import INIT_INFERENCE_ALL_KEYS, check
-from dsdoctor.config.effective import (
-    BF16_FIELDS, FP16_FIELDS,
-    OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_FIELDS,
-    effective_settings,
-)
+from dsdoctor.config.check import check
+from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.load import load_config
+from dsdoctor.config.schema import (
+    BF16_FIELDS, FP16_FIELDS, INIT_INFERENCE_ALL_KEYS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS,
+    REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_FIELDS,
+)
 from tests.helpers import CORPUS as _HELPERS_CORPUS
 
 # tests.helpers.CORPUS is <repo>/../shared/...: right for /work/main, not for a worktree under /work/wt
@@ -59,7 +59,7 @@ def test_type_tables_match_deepspeed_annotations():
         DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
     )
 
-    from dsdoctor.config.effective import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
+    from dsdoctor.config.schema import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
 
     def expected(model):
         out = {}

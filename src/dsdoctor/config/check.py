@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.schema import INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
@@ -20,21 +21,6 @@ from dsdoctor.units import human_bytes, human_count
 
 MODES = ("inference", "training")
 OPTIMIZER_BYTES_PER_PARAM = 16  # measured: extra host memory per parameter per rank (FACTS.md)
-
-# keys only deepspeed.init_inference (DeepSpeedInferenceConfig) understands
-INIT_INFERENCE_KEYS = frozenset({
-    "mp_size", "replace_with_kernel_inject", "kernel_inject", "injection_policy", "injection_dict",
-    "enable_cuda_graph", "replace_method", "max_out_tokens", "max_tokens", "min_out_tokens", "min_tokens",
-    "use_triton", "triton_autotune", "triangular_masking", "return_tuple", "save_mp_checkpoint_path",
-    "keep_module_on_host", "set_empty_params", "training_mp_size", "transposed_mode", "dtype", "tp", "moe",
-    "quant", "injection_policy_tuple", "base_dir", "checkpoint_config", "ckpt_config", "ep_size", "moe_experts",
-})
-# every key DeepSpeedInferenceConfig accepts (fields and aliases); anything else makes it raise
-INIT_INFERENCE_ALL_KEYS = INIT_INFERENCE_KEYS | {
-    "checkpoint", "config", "ep_group", "ep_mp_group", "expert_group", "expert_mp_group", "moe_type", "mpu",
-    "tensor_parallel", "zero", "args", "tm",
-}
-
 
 @dataclass
 class CheckResult:
