@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.load import LoadedConfig, load_config
-from dsdoctor.config.schema import INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
+from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
@@ -214,6 +214,9 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
 
     if loaded.ref_missing:
         found.append(Finding("DSD113", {"ref": loaded.ref_path, "yaml": loaded.path}))
+
+    if not loaded.ref_missing and not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in raw):
+        found.append(Finding("DSD116", {"config": name}))
 
     for key, why in eff.invalid_keys:
         found.append(Finding("DSD114", {"key": key, "why": why}))

@@ -771,3 +771,49 @@ Use instead
 """,
     },
 )
+
+rule(
+    "DSD116", "no-deepspeed-keys", "warning",
+    message={
+        "en": "{config} has none of the keys a DeepSpeed config is made of (zero_optimization, fp16, bf16, "
+              "optimizer, train_micro_batch_size_per_gpu, ...): everything above is DeepSpeed's defaults",
+        "zh": "{config} 不含任何 DeepSpeed 配置的键（zero_optimization、fp16、bf16、optimizer、"
+              "train_micro_batch_size_per_gpu 等）：上面显示的全是 DeepSpeed 默认值",
+    },
+    fix={
+        "en": "Pass the DeepSpeed config file itself (the JSON given to deepspeed.initialize or --deepspeed)",
+        "zh": "请传入 DeepSpeed 配置文件本身（传给 deepspeed.initialize 或 --deepspeed 的 JSON）",
+    },
+    explanation={
+        "en": """\
+What it does
+  Flags a file that parses but contains no DeepSpeed key at all: a model's config.json, a trainer YAML
+  without a `deepspeed:` entry, a GPT-NeoX generation config.
+
+Why is this bad?
+  DeepSpeed ignores unknown top-level keys, so such a file "works" and means ZeRO stage 0, fp32, no
+  offload. Usually the wrong file was passed, and every setting dsdoctor shows is just a default.
+
+Example
+  dsdoctor check ./Llama-3-8B/config.json
+
+Use instead
+  dsdoctor check ds_config.json
+""",
+        "zh": """\
+作用
+  检查能够解析、但完全不含 DeepSpeed 键的文件：模型的 config.json、没有 `deepspeed:` 项的训练框架 YAML、
+  GPT-NeoX 的生成配置等。
+
+为什么有问题？
+  DeepSpeed 会忽略未知的顶层键，所以这种文件也能"运行"，效果是 ZeRO stage 0、fp32、不卸载。通常是传错了
+  文件，dsdoctor 显示的每一项都只是默认值。
+
+示例
+  dsdoctor check ./Llama-3-8B/config.json
+
+应改为
+  dsdoctor check ds_config.json
+""",
+    },
+)

@@ -100,3 +100,13 @@ INIT_INFERENCE_ALL_KEYS = INIT_INFERENCE_KEYS | {
     "checkpoint", "config", "ep_group", "ep_mp_group", "expert_group", "expert_mp_group", "moe_type", "mpu",
     "tensor_parallel", "zero", "args", "tm",
 }
+
+# top-level keys that make a file a DeepSpeed config (deepspeed.initialize or init_inference); a file with none
+# of them is probably not one (DSD116)
+DEEPSPEED_TOP_LEVEL_KEYS = frozenset({
+    "zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "scheduler", "train_batch_size",
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping", "tensor_parallel",
+    "activation_checkpointing", "zero_allow_untested_optimizer", "steps_per_print", "wall_clock_breakdown",
+    "aio", "flops_profiler", "data_types", "torch_autocast", "communication_data_type", "checkpoint",
+    "pipeline", "comms_logger", "tensorboard", "wandb", "csv_monitor", "monitor_config",
+}) | REMOVED_TOP_LEVEL_KEYS | INIT_INFERENCE_ALL_KEYS
