@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsdoctor.config.check import INIT_INFERENCE_ALL_KEYS, check
-from dsdoctor.config.effective import (
-    BF16_FIELDS, FP16_FIELDS,
-    OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_FIELDS,
-    effective_settings,
-)
+from dsdoctor.config.check import check
+from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.load import load_config
+from dsdoctor.config.schema import (
+    BF16_FIELDS, FP16_FIELDS, INIT_INFERENCE_ALL_KEYS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS,
+    REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_FIELDS,
+)
 from tests.helpers import CORPUS as _HELPERS_CORPUS
 
 # tests.helpers.CORPUS is <repo>/../shared/...: right for /work/main, not for a worktree under /work/wt
@@ -59,7 +59,7 @@ def test_type_tables_match_deepspeed_annotations():
         DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
     )
 
-    from dsdoctor.config.effective import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
+    from dsdoctor.config.schema import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
 
     def expected(model):
         out = {}
@@ -187,7 +187,8 @@ _zero_keys = st.sampled_from(["stage", "offload_param", "offload_optimizer", "st
 _offload = st.dictionaries(st.sampled_from(["device", "pin_memory", "nvme_path", "buffer_count", "ratio", "x"]),
                            _leaf, max_size=3)
 _zero = st.dictionaries(_zero_keys, _leaf | _offload, max_size=5)
-_prec = st.dictionaries(st.sampled_from(["enabled", "loss_scale", "min_loss_scale", "fp16", "auto_cast"]), _leaf,
+_prec = st.dictionaries(st.sampled_from(["enabled", "loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis",
+                                        "fp16", "auto_cast", "immediate_grad_update"]), _leaf,
                         max_size=3)
 
 
@@ -237,3 +238,28 @@ def test_fuzz_dsdoctor_rejects_exactly_what_deepspeed_rejects(doc):
     else:
         assert not eff.invalid_keys, f"false DSD114 on a config DeepSpeed accepts: {eff.invalid_keys}"
         assert (eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device, eff.dtype) == theirs
+
+
+@pytest.mark.parametrize("name", ["huggingface__accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json",
+                                  "hiyouga__LLaMA-Factory__examples__deepspeed__ds_z3_config.json"])
+def test_accelerate_yaml_with_config_file_matches_accelerate_plugin(name, tmp_path, monkeypatch):
+    """An accelerate YAML naming a real corpus config (with "auto" stage/offload added): dsdoctor's dict
+    equals the one accelerate's DeepSpeedPlugin builds from the same file."""
+    import json as _json
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    for var in [v for v in os.environ if v.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(var)
+    cfg = _json.loads((CORPUS / name).read_text())
+    cfg["zero_optimization"]["stage"] = "auto"
+    cfg["zero_optimization"]["offload_param"] = {"device": "auto"}
+    ds = tmp_path / "ds.json"
+    ds.write_text(_json.dumps(cfg))
+    y = tmp_path / "acc.yaml"
+    y.write_text(f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {ds}\n")
+    theirs = DeepSpeedPlugin(hf_ds_config=str(ds)).deepspeed_config
+    ours = load_config(y).raw
+    assert ours["zero_optimization"] == theirs["zero_optimization"]
+    assert ours["gradient_accumulation_steps"] == theirs["gradient_accumulation_steps"]
+    assert effective_settings(ours).zero_stage == 2

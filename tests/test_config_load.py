@@ -94,6 +94,15 @@ def test_accelerate_yaml_following_config_file(tmp_path):
     assert effective_settings(loaded.raw).dtype == "bf16"  # accelerate fills "auto" from mixed_precision
 
 
+def test_accelerate_fills_auto_stage_from_its_plugin_default(tmp_path):
+    # accelerate's DeepSpeedPlugin fills "auto" from its own defaults: ZeRO stage 2, no offload
+    write(tmp_path, "z.json", json.dumps({"zero_optimization": {"stage": "auto", "offload_param": {"device": "auto"}}}))
+    p = write(tmp_path, "acc.yaml", "deepspeed_config:\n  deepspeed_config_file: z.json\n")
+    eff = effective_settings(load_config(p).raw)
+    assert eff.zero_stage == 2 and eff.offload_param.device == "none"
+    assert effective_settings(load_config(tmp_path / "z.json").raw).zero_stage == 0  # raw DeepSpeed: default 0
+
+
 def test_trainer_yaml_missing_reference_is_reported_not_fatal(tmp_path):
     p = write(tmp_path, "sft.yaml", "model_name_or_path: x\ndeepspeed: nowhere/ds_z3.json\nbf16: true\n")
     loaded = load_config(p)

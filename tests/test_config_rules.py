@@ -76,6 +76,13 @@ def test_finding_fires_with_values(code, config, kwargs, en, zh, bf16_model):
     assert finding.effective_severity in ("info", "warning", "error")
 
 
+def test_dsd116_not_a_deepspeed_config(tmp_path):
+    model = write_model_config(tmp_path / "m")
+    f = only(check(model / "config.json"), "DSD116")
+    assert "config.json has none of the keys" in f.message("en") and "不含任何 DeepSpeed 配置的键" in f.message("zh")
+    assert "DSD116" not in {x.code for x in check(CLEAN).findings}
+
+
 def test_dsd113_missing_reference(tmp_path):
     p = tmp_path / "acc.yaml"
     p.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: gone.json\n")
@@ -125,7 +132,7 @@ def test_tp_flag_and_accelerate_num_processes(tmp_path):
 
 def test_every_rule_explains_in_both_languages():
     rules = {c: r for c, r in all_rules().items() if c.startswith("DSD1")}
-    assert set(rules) == {f"DSD1{n:02d}" for n in range(1, 16)}
+    assert set(rules) == {f"DSD1{n:02d}" for n in range(1, 17)}
     for code in rules:
         for lang, heads in (("en", ("What it does", "Why is this bad?", "Example", "Use instead")),
                             ("zh", ("作用", "为什么有问题？", "示例", "应改为"))):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
@@ -20,21 +21,6 @@ from dsdoctor.units import human_bytes, human_count
 
 MODES = ("inference", "training")
 OPTIMIZER_BYTES_PER_PARAM = 16  # measured: extra host memory per parameter per rank (FACTS.md)
-
-# keys only deepspeed.init_inference (DeepSpeedInferenceConfig) understands
-INIT_INFERENCE_KEYS = frozenset({
-    "mp_size", "replace_with_kernel_inject", "kernel_inject", "injection_policy", "injection_dict",
-    "enable_cuda_graph", "replace_method", "max_out_tokens", "max_tokens", "min_out_tokens", "min_tokens",
-    "use_triton", "triton_autotune", "triangular_masking", "return_tuple", "save_mp_checkpoint_path",
-    "keep_module_on_host", "set_empty_params", "training_mp_size", "transposed_mode", "dtype", "tp", "moe",
-    "quant", "injection_policy_tuple", "base_dir", "checkpoint_config", "ckpt_config", "ep_size", "moe_experts",
-})
-# every key DeepSpeedInferenceConfig accepts (fields and aliases); anything else makes it raise
-INIT_INFERENCE_ALL_KEYS = INIT_INFERENCE_KEYS | {
-    "checkpoint", "config", "ep_group", "ep_mp_group", "expert_group", "expert_mp_group", "moe_type", "mpu",
-    "tensor_parallel", "zero", "args", "tm",
-}
-
 
 @dataclass
 class CheckResult:
@@ -48,6 +34,7 @@ class CheckResult:
     gpus: int | None = None
     tp: int | None = None
     notes: list[str] = field(default_factory=list)
+    ref_path: str | None = None  # the DeepSpeed JSON a YAML names
 
     def to_dict(self, lang: str = "en") -> dict:
         eff = self.effective.to_dict()
@@ -59,7 +46,8 @@ class CheckResult:
                    if k in self.hf_trainer.values and v.value != self.hf_trainer.values[k].value}
         hf.pop("values")
         return {
-            "config": self.config, "kind": self.kind, "mode": self.mode, "model": self.model,
+            "config": self.config, "kind": self.kind, "ref_path": self.ref_path, "mode": self.mode,
+            "model": self.model,
             "gpus": self.gpus, "tp": self.tp,
             "effective": eff, "hf_trainer": hf, "readings_differ": differs,
             "values": {k: v.to_dict() for k, v in self.effective.values.items()},
@@ -120,6 +108,8 @@ class CheckResult:
     def _head(self, lang: str) -> list[str]:
         zh = lang == "zh"
         lines = [f"{'配置' if zh else 'config'}: {self.config} ({self.kind}), {'模式' if zh else 'mode'}: {self.mode}"]
+        if self.ref_path:
+            lines.append(f"{'DeepSpeed 配置' if zh else 'DeepSpeed config'}: {self.ref_path}")
         if self.model:
             m = self.model
             lines.append(f"{'模型' if zh else 'model'}: {m['path']} ({human_count(m['num_params'])} params, "
@@ -168,7 +158,7 @@ def check(config, mode: str = "inference", model: str | os.PathLike | None = Non
     findings = detect(loaded, eff, hf, mode=mode, spec=spec, gpus=gpus, tp=tp)
     return CheckResult(
         config=loaded.name, kind=loaded.kind, mode=mode, effective=eff, hf_trainer=hf, findings=findings,
-        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
+        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes), ref_path=loaded.ref_path,
     )
 
 
@@ -224,6 +214,9 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
 
     if loaded.ref_missing:
         found.append(Finding("DSD113", {"ref": loaded.ref_path, "yaml": loaded.path}))
+
+    if not loaded.ref_missing and not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in raw):
+        found.append(Finding("DSD116", {"config": name}))
 
     for key, why in eff.invalid_keys:
         found.append(Finding("DSD114", {"key": key, "why": why}))

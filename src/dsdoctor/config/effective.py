@@ -20,86 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsdoctor.config.schema import (  # noqa: F401  (re-exported: other modules read them from here)
+    BF16_FIELDS, FP16_FIELDS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_OPTIMIZER_TYPES,
+    OFFLOAD_PARAM_FIELDS, OFFLOAD_PARAM_TYPES, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS,
+    STAGE3_ALIASES, ZERO_DEFAULTS, ZERO_FIELDS, ZERO_TYPES,
+)
 from dsdoctor.errors import InputError
 
 UNSET, AUTO, SET = "unset", "auto", "set"
 FILLERS = ("deepspeed", "hf-trainer")
 DEVICES = ("none", "cpu", "nvme")
-
-# DeepSpeed 0.19.8 defaults (runtime/zero/config.py, runtime/zero/offload_config.py)
-ZERO_DEFAULTS = {
-    "reduce_bucket_size": 500_000_000,
-    "allgather_bucket_size": 500_000_000,
-    "prefetch_bucket_size": 50_000_000,
-    "param_persistence_threshold": 100_000,
-    "model_persistence_threshold": 2**63 - 1,
-    "max_live_parameters": 1_000_000_000,
-    "max_reuse_distance": 1_000_000_000,
-    "sub_group_size": 1_000_000_000,
-}
-# stage-3 knobs: canonical field -> the spellings DeepSpeed accepts (alias first, then the field name)
-STAGE3_ALIASES = {
-    "prefetch_bucket_size": "stage3_prefetch_bucket_size",
-    "param_persistence_threshold": "stage3_param_persistence_threshold",
-    "model_persistence_threshold": "stage3_model_persistence_threshold",
-    "max_live_parameters": "stage3_max_live_parameters",
-    "max_reuse_distance": "stage3_max_reuse_distance",
-    "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
-    "module_granularity_threshold": "stage3_module_granularity_threshold",
-    "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
-    "allgather_sequential": "stage3_allgather_sequential",
-}
-# every key DeepSpeedZeroConfig accepts (fields and aliases; tests compare this with DeepSpeed's model)
-ZERO_FIELDS = frozenset({
-    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
-    "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "elastic_checkpoint",
-    "enable_sanity_checks", "gather_16bit_weights_on_model_save", "ignore_unused_parameters", "leaf_module",
-    "legacy_stage1", "load_from_fp32_weights", "log_trace_cache_warnings", "max_live_parameters",
-    "max_reuse_distance", "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
-    "offload_optimizer", "offload_param", "overlap_comm", "override_module_apply", "param_persistence_threshold",
-    "parameter_alignment", "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size",
-    "reduce_scatter", "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage",
-    "stage3_gather_fp16_weights_on_model_save", "sub_group_size", "use_all_reduce_for_fetch_params",
-    "use_multi_rank_bucket_allreduce", "zenflow", "zero_hpz_partition_size", "zero_quantized_gradients",
-    "zero_quantized_nontrainable_weights", "zero_quantized_weights",
-}) | frozenset(STAGE3_ALIASES.values())
-OFFLOAD_PARAM_FIELDS = frozenset({"buffer_count", "buffer_size", "device", "max_in_cpu", "nvme_path", "pin_memory"})
-OFFLOAD_OPTIMIZER_FIELDS = frozenset({
-    "buffer_count", "cpuadam_cores_perc", "device", "fast_init", "nvme_path", "pin_memory", "pipeline_read",
-    "pipeline_write", "ratio", "super_offload",
-})
-FP16_FIELDS = frozenset({
-    "auto_cast", "consecutive_hysteresis", "enabled", "fp16_master_weights_and_grads", "hysteresis",
-    "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale",
-})
-BF16_FIELDS = frozenset({
-    "bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow", "enabled", "immediate_grad_update",
-})
-# value types of the scalar fields (pydantic annotations in DeepSpeed 0.19.8; tests compare with the models).
-# ("int", minimum) | "bool" | "optbool" (null allowed) | "ratio" (float in [0, 1]); sections are not listed.
-_INT0, _INT1 = ("int", 0), ("int", 1)
-ZERO_TYPES = {
-    "contiguous_gradients": "bool", "reduce_scatter": "bool", "reduce_bucket_size": _INT1,
-    "use_multi_rank_bucket_allreduce": "bool", "allgather_partitions": "bool", "allgather_bucket_size": _INT0,
-    "overlap_comm": "optbool", "compute_grad_norm": "bool", "load_from_fp32_weights": "bool",
-    "elastic_checkpoint": "bool", "sub_group_size": _INT0, "cpu_offload_param": "optbool",
-    "cpu_offload_use_pin_memory": "optbool", "cpu_offload": "optbool", "prefetch_bucket_size": _INT0,
-    "param_persistence_threshold": _INT0, "model_persistence_threshold": _INT0, "max_live_parameters": _INT0,
-    "max_reuse_distance": _INT0, "gather_16bit_weights_on_model_save": "bool",
-    "module_granularity_threshold": ("int", None), "use_all_reduce_for_fetch_params": "bool",
-    "allgather_sequential": "bool", "stage3_gather_fp16_weights_on_model_save": "bool",
-    "ignore_unused_parameters": "bool", "legacy_stage1": "bool", "round_robin_gradients": "bool",
-    "parameter_alignment": "bool", "zero_hpz_partition_size": _INT0, "zero_quantized_weights": "bool",
-    "zero_quantized_nontrainable_weights": "bool", "zero_quantized_gradients": "bool",
-    "memory_efficient_linear": "bool", "pipeline_loading_checkpoint": "bool", "override_module_apply": "bool",
-    "log_trace_cache_warnings": "bool", "enable_sanity_checks": "bool", "save_muon_momentum_buffer_in_memory": "bool",
-}
-OFFLOAD_PARAM_TYPES = {"buffer_count": _INT0, "buffer_size": _INT0, "max_in_cpu": _INT0, "pin_memory": "bool"}
-OFFLOAD_OPTIMIZER_TYPES = {
-    "buffer_count": _INT0, "pin_memory": "bool", "pipeline_read": "bool", "pipeline_write": "bool",
-    "fast_init": "bool", "ratio": "ratio", "super_offload": "bool", "cpuadam_cores_perc": "ratio",
-}
-
 
 def _type_errors(section: dict | None, types: dict, where: str, invalid: list, aliases: dict | None = None) -> None:
     """Append (key, why) for every scalar DeepSpeed's pydantic model would reject ("auto" is dropped there)."""
@@ -121,14 +51,6 @@ def _type_errors(section: dict | None, types: dict, where: str, invalid: list, a
                 _as_int(path, value, minimum=kind[1] if kind[1] is not None else -(2**63))
         except InputError as exc:
             invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
-
-
-# top-level keys that DeepSpeed 0.19.8 rejects outright (runtime/config.py _REMOVED_TOP_LEVEL_CONFIG_KEYS)
-REMOVED_TOP_LEVEL_KEYS = frozenset({
-    "nebula", "compression_training", "amp", "quantize_training", "sparse_gradients", "eigenvalue",
-    "sparse_attention", "elasticity", "graph_harvesting", "curriculum_learning", "progressive_layer_drop",
-})
-REMOVED_ZERO_KEYS = frozenset({"mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param"})
 
 
 @dataclass
@@ -356,6 +278,8 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
     zw = "zero_optimization."
     if zero is not None:
         for k in zero:
+            if zero[k] == AUTO and k not in REMOVED_ZERO_KEYS:
+                continue  # dropped before validation
             if k in REMOVED_ZERO_KEYS:
                 invalid.append((zw + k, "removed in DeepSpeed 0.19: DeepSpeedConfig raises DeepSpeedConfigError"))
             elif k not in ZERO_FIELDS:
@@ -489,7 +413,7 @@ def _offload(zero: dict | None, name: str, values: dict, invalid: list, *, param
         allowed = OFFLOAD_PARAM_FIELDS if param else OFFLOAD_OPTIMIZER_FIELDS
         _type_errors(section, OFFLOAD_PARAM_TYPES if param else OFFLOAD_OPTIMIZER_TYPES, where, invalid)
         for k in section:
-            if k not in allowed:
+            if k not in allowed and section[k] != AUTO:
                 invalid.append((where + k, f"unknown key: the {name} config forbids extra keys and raises a "
                                            "ValidationError"))
     dev = _read(section, ("device",), where, _as_device, "none", canonical="device")
@@ -521,28 +445,57 @@ _PRECISION_TYPES = {"loss_scale": "float", "initial_scale_power": "int", "loss_s
                     "hysteresis": "int", "min_loss_scale": "int"}
 
 
+def _precision_errors(section: dict, name: str, key: str, invalid: list) -> None:
+    """DeepSpeedFP16Config / DeepSpeedBF16Config validation (runtime/precision_config.py), collected."""
+    import math
+
+    allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
+    values = {k: v for k, v in section.items() if v != AUTO}  # "auto" is dropped before validation
+    ok: dict[str, Any] = {}
+    for k, v in values.items():
+        path = f"{key}.{k}"
+        if k not in allowed:
+            invalid.append((path, f"unknown key: the {name} config forbids extra keys and raises a ValidationError"))
+            continue
+        kind = _PRECISION_TYPES.get(k, "bool")
+        try:
+            if k == "loss_scale":
+                if isinstance(v, bool):
+                    raise _bad(path, "must be a number, not bool")
+                try:
+                    f = float(v)
+                except (TypeError, ValueError):
+                    raise _bad(path, f"must be a number, not {v!r}") from None
+                if not math.isfinite(f) or f < 0:
+                    raise _bad(path, f"must be a finite number >= 0, not {v!r}")
+                ok[k] = f
+            elif kind == "int":
+                if k in ("loss_scale_window", "min_loss_scale"):
+                    if isinstance(v, bool):
+                        raise _bad(path, "must be an integer, not bool")
+                    try:
+                        int(v)
+                    except (TypeError, ValueError, OverflowError):
+                        raise _bad(path, f"must be an integer, not {v!r}") from None
+                ok[k] = _as_int(path, v, minimum=-(2**63))
+            else:
+                ok[k] = _as_bool(path, v)
+        except InputError as exc:
+            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+    if name == "fp16" and ok.get("enabled", False) and ok.get("loss_scale", 0) == 0:
+        for k, default in (("loss_scale_window", 1000), ("min_loss_scale", 1)):
+            if k in ok and ok[k] <= 0:
+                invalid.append((f"{key}.{k}", "must be > 0 with dynamic loss scaling (loss_scale 0): a ValidationError "
+                                              "in DeepSpeed"))
+
+
 def _dtype(raw: dict, values: dict, hf: bool, invalid: list) -> str:
     """fp16 / bf16 sections as DeepSpeed reads them (``bf16``, else the old ``bfloat16`` spelling)."""
     enabled = {}
     for name, keys in (("fp16", ("fp16",)), ("bf16", ("bf16", "bfloat16"))):
         key = next((k for k in keys if raw.get(k) is not None), keys[0])
         section = _section(raw, key, "")
-        allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
-        for k in section or ():
-            if k not in allowed:
-                invalid.append((f"{key}.{k}", f"unknown key: the {name} config forbids extra keys and raises a "
-                                              "ValidationError"))
-            elif k != "enabled" and section[k] != AUTO:
-                kind = _PRECISION_TYPES.get(k, "bool")
-                try:
-                    if kind == "int":
-                        _as_int(f"{key}.{k}", section[k], minimum=-(2**63))
-                    elif kind == "bool":
-                        _as_bool(f"{key}.{k}", section[k])
-                    elif isinstance(section[k], bool) or not isinstance(section[k], (int, float)):
-                        raise _bad(f"{key}.{k}", f"must be a number, not {section[k]!r}")
-                except InputError as exc:
-                    invalid.append((f"{key}.{k}", exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+        _precision_errors(section or {}, name, key, invalid)
         v = _read(section, ("enabled",), f"{key}.", _as_bool, False, canonical="enabled")
         if hf and v.state == AUTO:
             v.value = None

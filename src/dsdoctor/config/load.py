@@ -259,8 +259,8 @@ def _from_accelerate_yaml(path: Path, data: dict, ds: Any) -> LoadedConfig:
             raw: dict = {}
         else:
             raw = ref_data
-        # accelerate: the file's "auto" fp16/bf16 are filled from mixed_precision at prepare time
-        loaded.raw = _fill_accelerate_precision(raw, mixed)
+        # accelerate fills the file's "auto" from its plugin defaults, and fp16/bf16 from mixed_precision
+        loaded.raw = _fill_accelerate_precision(_fill_accelerate_plugin(raw, ds), mixed)
         return loaded
     loaded.raw = accelerate_plugin_dict(ds, mixed)
     return loaded
@@ -289,6 +289,32 @@ def accelerate_plugin_dict(ds: dict, mixed_precision: str | None = None) -> dict
     if clipping:
         config["gradient_clipping"] = clipping
     return _fill_accelerate_precision(config, mixed_precision)
+
+
+def _fill_accelerate_plugin(raw: dict, ds: dict) -> dict:
+    """``DeepSpeedPlugin.__post_init__`` with a config file: "auto" at these keys becomes the plugin's value
+    (its default when the YAML does not set it: ZeRO stage 2, no offload), as ``fill_match`` does."""
+    raw = copy.deepcopy(raw)
+    plugin = {
+        "gradient_accumulation_steps": ds.get("gradient_accumulation_steps", "auto"),
+        "gradient_clipping": ds.get("gradient_clipping", "auto"),
+        "zero_optimization.stage": ds.get("zero_stage", 2),
+        "zero_optimization.offload_optimizer.device": ds.get("offload_optimizer_device", "none"),
+        "zero_optimization.offload_param.device": ds.get("offload_param_device", "none"),
+        "zero_optimization.offload_param.nvme_path": ds.get("offload_param_nvme_path", "none"),
+        "zero_optimization.offload_optimizer.nvme_path": ds.get("offload_optimizer_nvme_path", "none"),
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save": bool(ds.get("zero3_save_16bit_model", False)),
+    }
+    if "gradient_accumulation_steps" not in raw:
+        raw["gradient_accumulation_steps"] = 1
+    for dotted, value in plugin.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(leaf) == "auto":
+            node[leaf] = value
+    return raw
 
 
 def _fill_accelerate_precision(raw: dict, mixed: str | None) -> dict:

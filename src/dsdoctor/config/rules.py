@@ -251,7 +251,9 @@ Why is this bad?
   "auto" is dropped before validation, so the default wins silently: `"stage": "auto"` is stage 0 (no
   sharding at all), `"enabled": "auto"` is off (fp32 weights: twice the memory of bf16), `"device": "auto"`
   is no offload. In top-level numbers (train_batch_size, gradient_clipping) and optimizer params "auto" is
-  passed through and crashes later with a TypeError. Marked `-> TypeError` in the message.
+  passed through and crashes later with a TypeError. Marked `-> TypeError` in the message. Even accelerate
+  fills the batch size only from a dataloader: `accelerator.prepare(model)` for inference, with no
+  dataloader, raises a ValueError while `train_micro_batch_size_per_gpu` is "auto".
 
 Example
   {"bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
@@ -271,7 +273,8 @@ Use instead
   "auto" 会在校验前被丢弃，于是默认值悄悄生效：`"stage": "auto"` 就是 stage 0（完全不分片），
   `"enabled": "auto"` 就是关闭（fp32 权重，显存是 bf16 的两倍），`"device": "auto"` 就是不卸载。
   顶层数值（train_batch_size、gradient_clipping）和优化器参数里的 "auto" 会原样传下去，随后以 TypeError
-  崩溃，消息中标为 `-> TypeError`。
+  崩溃，消息中标为 `-> TypeError`。即便是 accelerate，也只会从 dataloader 推出批大小：推理时不传 dataloader
+  调用 `accelerator.prepare(model)`，只要 `train_micro_batch_size_per_gpu` 还是 "auto" 就会抛出 ValueError。
 
 示例
   {"bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
@@ -765,6 +768,52 @@ Use instead
 应改为
   {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}     对权重分片
   {"zero_optimization": {"stage": 0}, "train_micro_batch_size_per_gpu": 1}     单卡放得下模型时
+""",
+    },
+)
+
+rule(
+    "DSD116", "no-deepspeed-keys", "warning",
+    message={
+        "en": "{config} has none of the keys a DeepSpeed config is made of (zero_optimization, fp16, bf16, "
+              "optimizer, train_micro_batch_size_per_gpu, ...): everything above is DeepSpeed's defaults",
+        "zh": "{config} 不含任何 DeepSpeed 配置的键（zero_optimization、fp16、bf16、optimizer、"
+              "train_micro_batch_size_per_gpu 等）：上面显示的全是 DeepSpeed 默认值",
+    },
+    fix={
+        "en": "Pass the DeepSpeed config file itself (the JSON given to deepspeed.initialize or --deepspeed)",
+        "zh": "请传入 DeepSpeed 配置文件本身（传给 deepspeed.initialize 或 --deepspeed 的 JSON）",
+    },
+    explanation={
+        "en": """\
+What it does
+  Flags a file that parses but contains no DeepSpeed key at all: a model's config.json, a trainer YAML
+  without a `deepspeed:` entry, a GPT-NeoX generation config.
+
+Why is this bad?
+  DeepSpeed ignores unknown top-level keys, so such a file "works" and means ZeRO stage 0, fp32, no
+  offload. Usually the wrong file was passed, and every setting dsdoctor shows is just a default.
+
+Example
+  dsdoctor check ./Llama-3-8B/config.json
+
+Use instead
+  dsdoctor check ds_config.json
+""",
+        "zh": """\
+作用
+  检查能够解析、但完全不含 DeepSpeed 键的文件：模型的 config.json、没有 `deepspeed:` 项的训练框架 YAML、
+  GPT-NeoX 的生成配置等。
+
+为什么有问题？
+  DeepSpeed 会忽略未知的顶层键，所以这种文件也能"运行"，效果是 ZeRO stage 0、fp32、不卸载。通常是传错了
+  文件，dsdoctor 显示的每一项都只是默认值。
+
+示例
+  dsdoctor check ./Llama-3-8B/config.json
+
+应改为
+  dsdoctor check ds_config.json
 """,
     },
 )

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor.config.check import canonical_key, check, read_both
-from dsdoctor.config.effective import AUTO, REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_FIELDS
+from dsdoctor.config.effective import AUTO
 from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_FIELDS
 from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
