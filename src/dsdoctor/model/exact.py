@@ -54,8 +54,51 @@ def inventory_of_module(model, counted_by: str = "meta") -> Inventory:
     return Inventory(params, tied=sorted(set(tied)), supports_logits_to_keep=keep, counted_by=counted_by)
 
 
-def exact_inventory(raw_config: dict) -> Inventory | None:
+def cache_layout(model, positions: int) -> list[tuple[int, int | None]] | None:
+    """Per layer (elements cached per position, positions kept or None for all), read from the
+    ``DynamicCache`` a meta-device forward of ``positions`` tokens leaves behind; None when the model
+    cannot run on the meta device (data-dependent code such as MoE routing)."""
+    import torch
+
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ids = torch.zeros((1, positions), dtype=torch.long, device="meta")
+            out = model(input_ids=ids, use_cache=True)
+        cache = getattr(out, "past_key_values", None)
+        layers = getattr(cache, "layers", None)
+        if not layers:
+            return None
+        layout = []
+        for layer in layers:
+            k, v = layer.keys, layer.values
+            kept = k.shape[-2]
+            if not kept:
+                return None
+            layout.append(((k.numel() + v.numel()) // kept, None if kept >= positions else kept + 1))
+        return layout
+    except Exception:  # any failure here only means: use the config's rules
+        return None
+
+
+def config_layout(model) -> list[tuple[int, int | None]] | None:
+    """Window per layer from the transformers config object (``layer_types``), elements per position
+    left to the caller (None)."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    types = getattr(cfg, "layer_types", None)
+    window = getattr(cfg, "sliding_window", None)
+    if isinstance(types, (list, tuple)) and window:
+        return [(0, window if t == "sliding_attention" else None) for t in types]
+    return None
+
+
+def exact_inventory(raw_config: dict, probe_positions: int = 0) -> Inventory | None:
     model = build_meta_model(raw_config)
     if model is None:
         return None
-    return inventory_of_module(model)
+    inv = inventory_of_module(model)
+    if probe_positions:
+        inv.cache_layout = cache_layout(model, probe_positions)
+        inv.window_layout = None if inv.cache_layout else config_layout(model)
+    return inv

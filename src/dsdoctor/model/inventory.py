@@ -30,6 +30,8 @@ class Inventory:
     tied: list[tuple[str, str]] = field(default_factory=list)  # (alias module, owner module)
     supports_logits_to_keep: bool = True
     counted_by: str = "formula"
+    cache_layout: list | None = None  # per layer: (elements per position, window or None), from transformers
+    window_layout: list | None = None  # per layer: (0, window or None) from the config object
 
     @property
     def num_params(self) -> int:

@@ -33,7 +33,8 @@ def load_inventory(spec, counts: str = "auto"):
         try:
             from dsdoctor.model.exact import exact_inventory
 
-            inv = exact_inventory(spec.raw)
+            positions = min(int(spec.max_position_embeddings or 4096), 131072)
+            inv = exact_inventory(spec.raw, probe_positions=positions)
         except ImportError:
             inv = None
         if inv is None and counts == "meta":

@@ -63,23 +63,30 @@ class ModelShape:
 def model_shape(spec, inv: Inventory) -> ModelShape:
     raw = spec.raw.get("text_config") if isinstance(spec.raw.get("text_config"), dict) else spec.raw
     layers = spec.num_layers
-    if raw.get("kv_lora_rank"):  # MLA: transformers caches decompressed per-head keys and values
-        qk = int(raw.get("qk_nope_head_dim", 0)) + int(raw.get("qk_rope_head_dim", 0))
-        per_token = spec.num_heads * (qk + int(raw.get("v_head_dim", spec.head_dim)))
+    if inv.cache_layout and len(inv.cache_layout) == layers:  # what transformers' DynamicCache really holds
+        per_layer = [e for e, _ in inv.cache_layout]
+        windows = [w for _, w in inv.cache_layout]
     else:
-        per_token = 2 * spec.num_kv_heads * spec.head_dim
-    window = spec.sliding_window
-    types = raw.get("layer_types")
-    if isinstance(types, list) and len(types) == layers:
-        windows = [window if (t == "sliding_attention" and window) else None for t in types]
-    elif window and raw.get("use_sliding_window", True) and spec.model_type in ("mistral", "mixtral", "qwen2", "starcoder2"):
-        windows = [window] * layers
-    else:
-        windows = [None] * layers
+        if raw.get("kv_lora_rank"):  # MLA: transformers caches the compressed latent and the rope key
+            per_token = int(raw["kv_lora_rank"]) + int(raw.get("qk_rope_head_dim", 0))
+        else:
+            per_token = 2 * spec.num_kv_heads * spec.head_dim
+        per_layer = [per_token] * layers
+        window = spec.sliding_window
+        types = raw.get("layer_types")
+        if inv.window_layout and len(inv.window_layout) == layers:
+            windows = [w for _, w in inv.window_layout]
+        elif isinstance(types, list) and len(types) == layers:
+            windows = [window if (t == "sliding_attention" and window) else None for t in types]
+        elif window and raw.get("use_sliding_window", True) and spec.model_type in ("mistral", "mixtral", "qwen2",
+                                                                                      "starcoder2"):
+            windows = [window] * layers
+        else:
+            windows = [None] * layers
     names = {p.module.rsplit(".", 1)[-1] for p in inv.params}
     gated = bool(names & {"gate_proj", "w1", "gate_up_proj"}) or inv.counted_by == "formula"
     return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                      spec.vocab_size, layers, gated, [per_token] * layers, windows, inv.supports_logits_to_keep, inv)
+                      spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv)
 
 
 def kv_bytes(shape: ModelShape, batch: int, positions: int, dtype_bytes: int, tp: int = 1,
@@ -87,7 +94,7 @@ def kv_bytes(shape: ModelShape, batch: int, positions: int, dtype_bytes: int, tp
     """KV cache of ``layers`` layers (default all) holding ``positions`` positions for ``batch`` sequences."""
     total = 0
     for elems, window in list(zip(shape.kv_elems_per_token, shape.kv_window))[: layers if layers is not None else None]:
-        kept = min(positions, window) if window else positions
+        kept = min(positions, window - 1) if window else positions  # DynamicSlidingWindowLayer keeps window-1
         total += batch * kept * math.ceil(elems / tp) * dtype_bytes
     return total
 
