@@ -60,6 +60,8 @@ class RankSummary:
     stopped_in: str | None = None
     where: str | None = None
     error: dict | None = None
+    config_passed: dict | None = None  # what the script handed to DeepSpeed (api, source, stage, offloads, ...)
+    effective: dict | None = None  # what DeepSpeed built, read from the engine
     phases: list[dict] = field(default_factory=list)
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
@@ -283,6 +285,10 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         tokens_per_s=tokens / gen_time if gen_time else None,
         error=errors[0] if errors else None,
         phases=[_phase_dict(p) for p in rec.phases], stack=rec.stack,
+        config_passed=dict((init_cfg or {}).get("summary") or {}, api=(init_cfg or {}).get("api"),
+                           source=(init_cfg or {}).get("source"),
+                           variant_applied=(init_cfg or {}).get("variant_applied")) if init_cfg else None,
+        effective=engine or None,
     )
     if status in ("hang", "killed"):
         s.stopped_in = unfinished[-1].label if unfinished else (
