@@ -50,7 +50,7 @@ class VariantResult:
 class AbResult:
     command: list[str]
     variants: list[VariantResult]
-    findings: list[Finding]
+    findings: list[Finding]  # the diagnosis (DSD310-DSD314) and the as-is variant's own trace findings
     out_dir: str | None = None
 
     @property
@@ -118,6 +118,10 @@ def _summary(variants: list[VariantResult], gpu: bool) -> str:
     return "; ".join(parts)
 
 
+def _zh(kind: str) -> str:
+    return "主机" if kind == "host" else "GPU "
+
+
 def _lower(a, b) -> bool:
     """a is clearly lower than b."""
     return a is not None and b is not None and a < b * (1 - NOISE)
@@ -155,14 +159,14 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
         if base.tokens_per_s and split.tokens_per_s:
             speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
         if base.status == "oom" and split.status == "ok":
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": "OOM",
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and _lower(s, b):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": human_bytes(b),
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
                                                                                 base.peak_host_bytes):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "before":
+            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "kind_zh": "主机", "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
     if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314") for f in out):

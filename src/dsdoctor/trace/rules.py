@@ -90,7 +90,7 @@ rule(
 rule(
     "DSD304", "peak-phase", "info",
     message={"en": "peak {kind} memory {peak} on rank {rank} happened during {phase}",
-             "zh": "rank {rank} 的{kind}内存峰值 {peak} 出现在 {phase} 阶段"},
+             "zh": "rank {rank} 的{kind_zh}内存峰值 {peak} 出现在 {phase} 阶段"},
     fix={"en": "{advice}", "zh": "{advice_zh}"},
     explanation=_x(
         "Names the phase (load, init, generate #n, or between phases) in which each run reached its memory peak.",
@@ -289,7 +289,7 @@ rule(
     "DSD314", "training-config-cost", "warning",
     message={"en": "the inference-only config ({variant}) lowers peak {kind} memory from {before} to {after}"
                    "{speed}",
-             "zh": "仅推理配置（{variant}）把{kind}内存峰值从 {before} 降到 {after}{speed}"},
+             "zh": "仅推理配置（{variant}）把{kind_zh}内存峰值从 {before} 降到 {after}{speed}"},
     fix={"en": "use the inference config: dsdoctor split CONFIG -o ds_infer.json",
          "zh": "使用推理配置：dsdoctor split CONFIG -o ds_infer.json"},
     explanation=_x(
