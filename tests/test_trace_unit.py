@@ -258,3 +258,46 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------- observer pieces, in-process (no patching)
+
+def test_initialize_config_is_found_and_rewritten_without_touching_the_callers_args(tmp_path):
+    import argparse
+    import inspect
+
+    from dsdoctor.trace.observer.hooks import _resolve_initialize_config
+
+    def initialize(args=None, model=None, optimizer=None, model_parameters=None, config=None, config_params=None):
+        pass
+
+    path = tmp_path / "ds.json"
+    path.write_text("{\n  // hjson comment, as DeepSpeed accepts\n  \"zero_optimization\": {\"stage\": 3}\n}\n")
+    ns = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    bound = inspect.signature(initialize).bind_partial(ns, model="m")
+    cfg, source, setter = _resolve_initialize_config(bound)
+    assert cfg == {"zero_optimization": {"stage": 3}} and source == str(path)
+    setter({"zero_optimization": {"stage": 0}})
+    assert bound.arguments["config"] == {"zero_optimization": {"stage": 0}}
+    assert bound.arguments["args"].deepspeed_config is None and ns.deepspeed_config == str(path)
+
+    bound = inspect.signature(initialize).bind_partial(model="m", config_params={"train_batch_size": 2})
+    cfg, source, setter = _resolve_initialize_config(bound)
+    assert (cfg, source) == ({"train_batch_size": 2}, "dict")
+
+
+def test_optimizer_state_bytes_counts_each_buffer_once():
+    import torch
+
+    from dsdoctor.trace.observer.hooks import _optimizer_state_bytes
+
+    class Bucket:
+        buffer = torch.empty(100, dtype=torch.float32)
+
+    class Opt:
+        flat = torch.zeros(1000, dtype=torch.float32)
+        fp32_partitioned_groups_flat = [flat[:600], flat[600:]]  # two views of one storage
+        grad_partitions_flat_buffer = torch.zeros(250, dtype=torch.float32)
+        ipg_buckets = {torch.bfloat16: Bucket()}
+
+    assert _optimizer_state_bytes(Opt()) == 4000 + 1000 + 400
