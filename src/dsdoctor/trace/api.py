@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ def _check(command, timeout) -> list[str]:
         command = command[1:]
     if not command:
         raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
+    if shutil.which(command[0]) is None:
+        raise InputError(f"command not found: {command[0]}", hint="is it on PATH (an activated environment)?")
     if timeout is not None and not timeout > 0:
         raise InputError(f"--timeout must be a positive number of seconds, not {timeout}")
     return command
