@@ -169,6 +169,7 @@ def _v(name, status="ok", gpu=None, host=None, tps=None, offload="cpu"):
     ([_v("as-is", gpu=20 * GiB, host=90 * GiB, tps=30), _v("no-offload-param", gpu=30 * GiB, host=20 * GiB, tps=31)],
      "DSD312"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("split", gpu=12 * GiB, tps=30)], "DSD314"),
+    ([_v("as-is", gpu=20 * GiB, tps=4), _v("no-offload-param", "oom"), _v("split", gpu=19 * GiB, tps=4)], "DSD315"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("no-offload-param", gpu=21 * GiB, tps=31),
       _v("split", gpu=19.5 * GiB, tps=30)], "DSD313"),
     ([_v("as-is", host=2 * GiB, offload=None), _v("no-offload-param", host=1 * GiB, offload=None)], "DSD313"),
@@ -301,3 +302,13 @@ def test_optimizer_state_bytes_counts_each_buffer_once():
         ipg_buckets = {torch.bfloat16: Bucket()}
 
     assert _optimizer_state_bytes(Opt()) == 4000 + 1000 + 400
+
+
+def test_help_and_rules_never_import_torch():
+    import subprocess
+
+    code = ("import sys; from dsdoctor.cli.main import build_parser; build_parser(); import dsdoctor.trace.rules, "
+            "dsdoctor.trace.variants, dsdoctor.trace.report, dsdoctor.trace.diagnose_ab; "
+            "sys.exit(1 if {'torch', 'deepspeed', 'transformers'} & set(sys.modules) else 0)")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)
+    assert r.returncode == 0

@@ -2,8 +2,9 @@
 
 The reading, in order: peak lower without offload_param -> the parameter gather dominates (DSD310); peak
 unchanged or OOM either way -> activations and output buffers (DSD311); speed collapsing or host memory
-exploding with offload -> the CPU-GPU transfer (DSD312); the inference-only config lowering the peak -> the
-training parts cost memory (DSD314); otherwise nothing decisive (DSD313). Differences under 10% are noise.
+exploding with offload -> the CPU-GPU transfer (DSD312); OOM only without offload_param -> offloading is what
+makes it fit (DSD315); the inference-only config lowering the peak -> the training parts cost memory (DSD314);
+otherwise nothing decisive (DSD313). Differences under 10% are noise.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD314", "DSD313")
+PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -140,6 +141,10 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
             out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": "; OOM in both"}))
         elif base.status == "oom" and nop.status == "ok":
             out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
+        elif base.status == "ok" and nop.status == "oom":
+            rate = f", {base.tokens_per_s:.1f} tokens/s" if base.tokens_per_s else ""
+            out.append(Finding("DSD315", {"without": "OOM", "with_": human_bytes(b), "kind": kind,
+                                          "kind_zh": _zh(kind), "speed": rate}))
         elif base.status == "ok" and nop.status == "ok":
             if _lower(n, b):
                 out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
@@ -169,6 +174,6 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
             out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "kind_zh": "主机", "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
-    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314") for f in out):
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315") for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
     return sort_findings(out)
