@@ -169,6 +169,7 @@ def _v(name, status="ok", gpu=None, host=None, tps=None, offload="cpu"):
     ([_v("as-is", gpu=20 * GiB, host=90 * GiB, tps=30), _v("no-offload-param", gpu=30 * GiB, host=20 * GiB, tps=31)],
      "DSD312"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("split", gpu=12 * GiB, tps=30)], "DSD314"),
+    ([_v("as-is", gpu=20 * GiB, tps=4), _v("no-offload-param", "oom"), _v("split", gpu=19 * GiB, tps=4)], "DSD315"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("no-offload-param", gpu=21 * GiB, tps=31),
       _v("split", gpu=19.5 * GiB, tps=30)], "DSD313"),
     ([_v("as-is", host=2 * GiB, offload=None), _v("no-offload-param", host=1 * GiB, offload=None)], "DSD313"),
@@ -258,3 +259,56 @@ def _running(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ---------------------------------------------------------------- observer pieces, in-process (no patching)
+
+def test_initialize_config_is_found_and_rewritten_without_touching_the_callers_args(tmp_path):
+    import argparse
+    import inspect
+
+    from dsdoctor.trace.observer.hooks import _resolve_initialize_config
+
+    def initialize(args=None, model=None, optimizer=None, model_parameters=None, config=None, config_params=None):
+        pass
+
+    path = tmp_path / "ds.json"
+    path.write_text("{\n  // hjson comment, as DeepSpeed accepts\n  \"zero_optimization\": {\"stage\": 3}\n}\n")
+    ns = argparse.Namespace(deepspeed_config=str(path), local_rank=0)
+    bound = inspect.signature(initialize).bind_partial(ns, model="m")
+    cfg, source, setter = _resolve_initialize_config(bound)
+    assert cfg == {"zero_optimization": {"stage": 3}} and source == str(path)
+    setter({"zero_optimization": {"stage": 0}})
+    assert bound.arguments["config"] == {"zero_optimization": {"stage": 0}}
+    assert bound.arguments["args"].deepspeed_config is None and ns.deepspeed_config == str(path)
+
+    bound = inspect.signature(initialize).bind_partial(model="m", config_params={"train_batch_size": 2})
+    cfg, source, setter = _resolve_initialize_config(bound)
+    assert (cfg, source) == ({"train_batch_size": 2}, "dict")
+
+
+def test_optimizer_state_bytes_counts_each_buffer_once():
+    import torch
+
+    from dsdoctor.trace.observer.hooks import _optimizer_state_bytes
+
+    class Bucket:
+        buffer = torch.empty(100, dtype=torch.float32)
+
+    class Opt:
+        flat = torch.zeros(1000, dtype=torch.float32)
+        fp32_partitioned_groups_flat = [flat[:600], flat[600:]]  # two views of one storage
+        grad_partitions_flat_buffer = torch.zeros(250, dtype=torch.float32)
+        ipg_buckets = {torch.bfloat16: Bucket()}
+
+    assert _optimizer_state_bytes(Opt()) == 4000 + 1000 + 400
+
+
+def test_help_and_rules_never_import_torch():
+    import subprocess
+
+    code = ("import sys; from dsdoctor.cli.main import build_parser; build_parser(); import dsdoctor.trace.rules, "
+            "dsdoctor.trace.variants, dsdoctor.trace.report, dsdoctor.trace.diagnose_ab; "
+            "sys.exit(1 if {'torch', 'deepspeed', 'transformers'} & set(sys.modules) else 0)")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)
+    assert r.returncode == 0

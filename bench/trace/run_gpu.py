@@ -114,6 +114,86 @@ class Bench:
                 "overhead_percent": round(100 * (u - t) / u, 2), "within_3_percent": (u - t) / u <= 0.03}
 
 
+def machine(smoke: bool) -> dict:
+    info = {"python": sys.version.split()[0]}
+    for mod in ("torch", "transformers", "deepspeed"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception as exc:
+            info[mod] = f"unavailable: {type(exc).__name__}"
+    if not smoke:
+        try:
+            import torch
+
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            info["cuda"] = torch.version.cuda
+        except Exception:
+            pass
+    info["cpus"] = os.cpu_count()
+    return info
+
+
+def _gib(n):
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def _rate(x):
+    return "-" if x is None else f"{x:.1f}"
+
+
+def results_markdown(out: Path, summary: dict) -> str:
+    """The filled-in RESULTS.md, from the reports this run wrote."""
+    m = summary["machine"]
+    lines = ["# dsdoctor trace / ab on GPUs: results", "",
+             "`PYTHONPATH=/tmp/site:$PWD/src python3 bench/trace/run_gpu.py $OUT/trace --budget 400`", "",
+             f"Machine: {', '.join(m.get('gpus') or ['CPU smoke run'])}; CUDA {m.get('cuda')}; {m.get('cpus')} CPUs; "
+             f"python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
+             f"deepspeed {m['deepspeed']}. Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "## Tracing overhead (1 GPU, ZeRO-3 inference config, batch 4, prompt 128, 64 new tokens)", ""]
+    o = summary["overhead"]
+    lines += ["| run | tokens/s (each run) | mean |", "|---|---|---|",
+              f"| untraced | {', '.join(_rate(x) for x in o['rates']['untraced'])} | "
+              f"{_rate(o.get('untraced_tokens_per_s'))} |",
+              f"| traced | {', '.join(_rate(x) for x in o['rates']['traced'])} | {_rate(o.get('traced_tokens_per_s'))} |",
+              "", f"Overhead: {o.get('overhead_percent')} % (target: within 3%).", ""]
+    lines += ["## The reused ZeRO-3 offload training config, as traced (the as-is variants)", "",
+              "| GPUs | rank | stage | optimizer | optimizer bytes | offload param/opt | peak GPU | peak host | pinned "
+              "| peak in | tokens/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for name, gpus in (("ab-1gpu", 1), ("ab-2gpu", 2)):
+        report = out / name / "as-is" / "report.json"
+        if not report.is_file():
+            lines.append(f"| {gpus} | _not run_ | | | | | | | | | |")
+            continue
+        data = json.loads(report.read_text())
+        for r in data["ranks"]:
+            lines.append(f"| {gpus} | {r['rank']} | {r['zero_stage']} | {r['optimizer']} | "
+                         f"{_gib(r['optimizer_state_bytes'])} | {r['offload_param']}/{r['offload_optimizer']} | "
+                         f"{_gib(r['peak_gpu_bytes'])} | {_gib(r['peak_host_bytes'])} | {_gib(r['pinned_host_bytes'])} "
+                         f"| {r['peak_phase']} | {_rate(r['tokens_per_s'])} |")
+        notes.append(f"- {gpus} GPU(s), findings: " + "; ".join(f"{f['code']} {f['message']}" for f in data["findings"]))
+    lines += [""] + notes + ["", "## ab", "", "| GPUs | variant | status | peak GPU | peak host | tokens/s (rank 0) | wall |",
+              "|---|---|---|---|---|---|---|"]
+    diag = []
+    for name, gpus in (("ab-1gpu", 1), ("ab-2gpu", 2)):
+        report = out / name / "report.json"
+        if not report.is_file():
+            lines.append(f"| {gpus} | _not run_ | | | | | |")
+            continue
+        data = json.loads(report.read_text())
+        for v in data["variants"]:
+            lines.append(f"| {gpus} | {v['name']} | {v['status']} | {_gib(v['peak_gpu_bytes'])} | "
+                         f"{_gib(v['peak_host_bytes'])} | {_rate(v['tokens_per_s'])} | {v['wall_s']:.0f} s |")
+        d = data.get("diagnosis")
+        if d:
+            diag.append(f"- {gpus} GPU(s): **{d['code']}** {d['message']} → {d['fix']}")
+    lines += ["", "Diagnosis:", ""] + diag + [""]
+    skipped = [st for st in summary["steps"] if st.get("status") == "skipped" or st.get("killed_by_budget")]
+    if skipped:
+        lines += ["Steps cut by the time budget: " + ", ".join(st["name"] for st in skipped), ""]
+    return "\n".join(lines) + "\n"
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -157,7 +237,9 @@ def main():
                 summary[name] = {"status": data["status"], "peak_gpu_bytes": data["peak_gpu_bytes"],
                                  "peak_host_bytes": data["peak_host_bytes"], "tokens_per_s": data["tokens_per_s"],
                                  "findings": [f["code"] for f in data["findings"]]}
+    summary["machine"] = machine(a.smoke)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / "RESULTS.md").write_text(results_markdown(out, summary))
     log(f"overhead: {summary['overhead']}")
     print(json.dumps({"summary": str(out / "summary.json"), "overhead": summary["overhead"]}))
 

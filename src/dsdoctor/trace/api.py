@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,6 +28,8 @@ def _check(command, timeout) -> list[str]:
         command = command[1:]
     if not command:
         raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
+    if shutil.which(command[0]) is None:
+        raise InputError(f"command not found: {command[0]}", hint="is it on PATH (an activated environment)?")
     if timeout is not None and not timeout > 0:
         raise InputError(f"--timeout must be a positive number of seconds, not {timeout}")
     return command
@@ -80,7 +83,7 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
     chosen = parse_variants(variants)
 
     def run_all(directory: Path, final: str | None) -> AbResult:
-        results = []
+        results, as_is_findings = [], []
         for n, v in enumerate(chosen, 1):
             print(f"dsdoctor ab: variant {n}/{len(chosen)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
             sub = _dirname(v.name)
@@ -88,7 +91,10 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
                             f"{final}/{sub}" if final else None)
             results.append(VariantResult.from_trace(v.name, v.description, t, f"{sub}/report.json" if final else None))
             print(f"dsdoctor ab: variant {v.name}: {t.status}", file=sys.stderr, flush=True)
-        result = AbResult(command=command, variants=results, findings=diagnose(results), out_dir=final)
+            if v.name == "as-is":  # the run as the user runs it: its findings are the user's problems
+                as_is_findings = t.findings
+        result = AbResult(command=command, variants=results, findings=diagnose(results) + as_is_findings,
+                          out_dir=final)
         if final:
             (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
             (directory / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")

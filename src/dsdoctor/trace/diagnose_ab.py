@@ -2,8 +2,9 @@
 
 The reading, in order: peak lower without offload_param -> the parameter gather dominates (DSD310); peak
 unchanged or OOM either way -> activations and output buffers (DSD311); speed collapsing or host memory
-exploding with offload -> the CPU-GPU transfer (DSD312); the inference-only config lowering the peak -> the
-training parts cost memory (DSD314); otherwise nothing decisive (DSD313). Differences under 10% are noise.
+exploding with offload -> the CPU-GPU transfer (DSD312); OOM only without offload_param -> offloading is what
+makes it fit (DSD315); the inference-only config lowering the peak -> the training parts cost memory (DSD314);
+otherwise nothing decisive (DSD313). Differences under 10% are noise.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD314", "DSD313")
+PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -50,7 +51,7 @@ class VariantResult:
 class AbResult:
     command: list[str]
     variants: list[VariantResult]
-    findings: list[Finding]
+    findings: list[Finding]  # the diagnosis (DSD310-DSD314) and the as-is variant's own trace findings
     out_dir: str | None = None
 
     @property
@@ -118,6 +119,10 @@ def _summary(variants: list[VariantResult], gpu: bool) -> str:
     return "; ".join(parts)
 
 
+def _zh(kind: str) -> str:
+    return "主机" if kind == "host" else "GPU "
+
+
 def _lower(a, b) -> bool:
     """a is clearly lower than b."""
     return a is not None and b is not None and a < b * (1 - NOISE)
@@ -136,6 +141,10 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
             out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": "; OOM in both"}))
         elif base.status == "oom" and nop.status == "ok":
             out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
+        elif base.status == "ok" and nop.status == "oom":
+            rate = f", {base.tokens_per_s:.1f} tokens/s" if base.tokens_per_s else ""
+            out.append(Finding("DSD315", {"without": "OOM", "with_": human_bytes(b), "kind": kind,
+                                          "kind_zh": _zh(kind), "speed": rate}))
         elif base.status == "ok" and nop.status == "ok":
             if _lower(n, b):
                 out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
@@ -155,16 +164,16 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
         if base.tokens_per_s and split.tokens_per_s:
             speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
         if base.status == "oom" and split.status == "ok":
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": "OOM",
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and _lower(s, b):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": human_bytes(b),
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
                                                                                 base.peak_host_bytes):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "before":
+            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "kind_zh": "主机", "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
-    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314") for f in out):
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315") for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
     return sort_findings(out)

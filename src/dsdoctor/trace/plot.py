@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import html
+import warnings
 from pathlib import Path
 
 from dsdoctor.trace.report import TraceResult
@@ -61,7 +62,9 @@ def _plot_rank(plt, r, path: Path):
     ax.set_title(f"rank {r.rank} ({r.host}): peak GPU {human_bytes(r.peak_gpu_bytes)}, "
                  f"peak host {human_bytes(r.peak_host_bytes)}, peak in {r.peak_phase or '-'}", fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+    with warnings.catch_warnings():  # long titles: a layout warning is not the user's business
+        warnings.simplefilter("ignore")
+        fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 

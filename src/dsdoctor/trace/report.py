@@ -60,6 +60,8 @@ class RankSummary:
     stopped_in: str | None = None
     where: str | None = None
     error: dict | None = None
+    config_passed: dict | None = None  # what the script handed to DeepSpeed (api, source, stage, offloads, ...)
+    effective: dict | None = None  # what DeepSpeed built, read from the engine
     phases: list[dict] = field(default_factory=list)
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
@@ -130,6 +132,9 @@ class TraceResult:
     def headline(self, lang: str) -> str:
         what = " ".join(self.command)
         v = f" [{self.variant}]" if self.variant else ""
+        if lang == "zh":
+            return f"dsdoctor trace{v}: {what}\n  状态 {self.status}，返回码 {_fmt(self.returncode)}，" \
+                   f"{self.wall_s:.1f} 秒，{len(self.ranks)} 个 rank\n"
         return f"dsdoctor trace{v}: {what}\n  status {self.status}, exit {_fmt(self.returncode)}, {self.wall_s:.1f}s, " \
                f"{len(self.ranks)} rank(s)\n"
 
@@ -283,6 +288,10 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         tokens_per_s=tokens / gen_time if gen_time else None,
         error=errors[0] if errors else None,
         phases=[_phase_dict(p) for p in rec.phases], stack=rec.stack,
+        config_passed=dict((init_cfg or {}).get("summary") or {}, api=(init_cfg or {}).get("api"),
+                           source=(init_cfg or {}).get("source"),
+                           variant_applied=(init_cfg or {}).get("variant_applied")) if init_cfg else None,
+        effective=engine or None,
     )
     if status in ("hang", "killed"):
         s.stopped_in = unfinished[-1].label if unfinished else (
@@ -332,7 +341,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     for r in ranks:
         if r.zero_stage is None or r.configured_stage is None:
             continue
-        if str(r.configured_stage) != str(r.zero_stage):
+        if not _same_stage(r.configured_stage, r.zero_stage):
             rec = next(x for x in records if x.rank == r.rank)
             src = next((c.get("source") for c in rec.configs if c.get("api") == "deepspeed.initialize"), "dict")
             out.append(Finding("DSD302", {"configured": _quote(r.configured_stage), "effective": r.zero_stage,
@@ -385,6 +394,12 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     return sort_findings(out)
 
 
+def _same_stage(configured, effective) -> bool:
+    if isinstance(configured, (int, float)) and not isinstance(configured, bool):
+        return int(configured) == effective
+    return str(configured).strip() == str(effective)
+
+
 def _quote(v):
     return f'"{v}"' if isinstance(v, str) else v
 
@@ -429,7 +444,7 @@ def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
     base = phase.split("#")[0]
     advice = _PHASE_ADVICE.get(base, ("something the script does outside the observed calls",
                                       "脚本在被观察调用之外做的事情"))
-    return Finding("DSD304", {"kind": "GPU" if gpu else "host", "peak": human_bytes(getattr(top, key)),
+    return Finding("DSD304", {"kind": "GPU" if gpu else "host", "kind_zh": "GPU " if gpu else "主机", "peak": human_bytes(getattr(top, key)),
                               "rank": top.rank, "phase": phase, "advice": f"the peak is {advice[0]}",
                               "advice_zh": f"峰值来自{advice[1]}"})
 

@@ -90,7 +90,7 @@ rule(
 rule(
     "DSD304", "peak-phase", "info",
     message={"en": "peak {kind} memory {peak} on rank {rank} happened during {phase}",
-             "zh": "rank {rank} 的{kind}内存峰值 {peak} 出现在 {phase} 阶段"},
+             "zh": "rank {rank} 的{kind_zh}内存峰值 {peak} 出现在 {phase} 阶段"},
     fix={"en": "{advice}", "zh": "{advice_zh}"},
     explanation=_x(
         "Names the phase (load, init, generate #n, or between phases) in which each run reached its memory peak.",
@@ -289,7 +289,7 @@ rule(
     "DSD314", "training-config-cost", "warning",
     message={"en": "the inference-only config ({variant}) lowers peak {kind} memory from {before} to {after}"
                    "{speed}",
-             "zh": "仅推理配置（{variant}）把{kind}内存峰值从 {before} 降到 {after}{speed}"},
+             "zh": "仅推理配置（{variant}）把{kind_zh}内存峰值从 {before} 降到 {after}{speed}"},
     fix={"en": "use the inference config: dsdoctor split CONFIG -o ds_infer.json",
          "zh": "使用推理配置：dsdoctor split CONFIG -o ds_infer.json"},
     explanation=_x(
@@ -302,5 +302,25 @@ rule(
         "训练配置会让 `deepspeed.initialize` 构建推理永远用不到的优化器（fp32 主权重分片、梯度分片、reduce bucket）。",
         "原样主机内存 21.3 GiB，拆分后 9.8 GiB。",
         "`dsdoctor split ds_config.json -o ds_infer.json`，把它传给脚本。",
+    ),
+)
+
+rule(
+    "DSD315", "offload-param-required", "info",
+    message={"en": "without offload_param the run is out of memory ({without}); with it, peak {kind} {with_}"
+                   "{speed}: the weights only fit offloaded",
+             "zh": "去掉 offload_param 后内存不足（{without}）；开启时{kind_zh}峰值 {with_}{speed}：权重只有卸载才放得下"},
+    fix={"en": "keep offload_param and tune the transfer: pin_memory, stage3_prefetch_bucket_size, or more GPUs",
+         "zh": "保留 offload_param 并调优传输：pin_memory、stage3_prefetch_bucket_size，或使用更多 GPU"},
+    explanation=_x(
+        "Compares the run as-is (with `offload_param`) with the same run without it, which runs out of memory.",
+        "Then offloading is not the waste it often is: it is what makes the run fit. What is left to gain is in "
+        "the transfer (pinned memory, prefetch size) or in sharding over more GPUs.",
+        "as-is 21.0 GiB, 4 tokens/s; no-offload-param OOM.",
+        "`dsdoctor ab --variants as-is,pin-memory-off,prefetch=1e8 -- ...` to tune the transfer.",
+        "对比原样（开启 `offload_param`）与去掉它的运行，后者内存不足。",
+        "这时卸载并非常见的浪费，而是让运行放得下的原因。剩下可提升的在传输（锁页内存、预取大小）或用更多 GPU 分片。",
+        "原样 21.0 GiB、4 tokens/s；无 offload_param 时 OOM。",
+        "`dsdoctor ab --variants as-is,pin-memory-off,prefetch=1e8 -- ...` 调优传输。",
     ),
 )

@@ -242,7 +242,9 @@ def _patch_deepspeed(ds):
             _safe(rec.write, "observer_error", where="initialize", error=repr(exc))
         _safe(rec.write, "config", api="deepspeed.initialize", source=source, config=_json_safe(passed),
               summary=_config_summary(passed), variant_applied=applied)
-        token = rec.begin("init", api="deepspeed.initialize")
+        token = _safe(rec.begin, "init", api="deepspeed.initialize")
+        if token is None:
+            return original_initialize(*args, **kwargs)
         try:
             result = original_initialize(*args, **kwargs)
         except BaseException as exc:
@@ -272,7 +274,9 @@ def _patch_deepspeed(ds):
         shards = list(_shard_loads)
         if shards:
             _safe(rec.write, "zero_shards_to_init_inference", files=shards)
-        token = rec.begin("init", api="deepspeed.init_inference")
+        token = _safe(rec.begin, "init", api="deepspeed.init_inference")
+        if token is None:
+            return original_init_inference(model, config=config, **kwargs)
         try:
             engine = original_init_inference(model, config=config, **kwargs)
         except BaseException as exc:
@@ -345,7 +349,9 @@ def _wrap_classmethod(cls, name: str, phase: str):
         rec = recorder.get()
         if rec is None or rec.busy:
             return func(klass, *args, **kwargs)
-        token = rec.begin(phase, api=f"{klass.__name__}.{name}")
+        token = _safe(rec.begin, phase, api=f"{klass.__name__}.{name}")
+        if token is None:
+            return func(klass, *args, **kwargs)
         try:
             model = func(klass, *args, **kwargs)
         except BaseException as exc:
@@ -405,7 +411,9 @@ def _patch_generation(gu):
                 info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
         except Exception:
             pass
-        token = rec.begin("generate", api="generate", **info)
+        token = _safe(rec.begin, "generate", api="generate", **info)
+        if token is None:
+            return original(self, *args, **kwargs)
         try:
             out = original(self, *args, **kwargs)
         except BaseException as exc:

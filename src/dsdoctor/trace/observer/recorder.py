@@ -227,6 +227,13 @@ class Recorder:
 
     def begin(self, name: str, **info) -> dict:
         self._busy.on = True
+        try:
+            return self._begin(name, **info)
+        except BaseException:
+            self._busy.on = False
+            raise
+
+    def _begin(self, name: str, **info) -> dict:
         self.learn_device()
         index = self.counts.get(name, 0)
         self.counts[name] = index + 1
