@@ -7,7 +7,8 @@ Each tool runs as its own process; peak RSS is that process's ru_maxrss (residen
 memory-mapped file pages, as `top` shows them). Time is until the process exits, then the `sync` that
 flushes what it left in the page cache is timed separately and added for the "durable" time (dsdoctor
 fsyncs its shards itself; zero_to_fp32 does not). The disk's sequential write and read bandwidth are
-measured in the same run with a file as large as the output. Outputs are compared tensor by tensor.
+measured in the same run with a file as large as the output, and so is `cp` + `sync` of the fp32 partition
+files (the same bytes in, the same bytes out: what the disk itself can do for a merge). Outputs are compared tensor by tensor.
 """
 import argparse
 import json
@@ -64,15 +65,31 @@ def disk_bandwidth(directory: Path, size: int) -> dict:
             "read_cold_cache": cold}
 
 
+def copy_baseline(files: list[Path], directory: Path) -> dict:
+    """The disk's own copy speed for the bytes a merge moves: `cp` the fp32 partition files, then `sync`, cold."""
+    target = directory / "copy-baseline"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir()
+    cold = drop_caches()
+    t = time.perf_counter()
+    subprocess.run(["cp", *map(str, files), str(target)], check=True)
+    subprocess.run(["sync"], check=True)
+    seconds = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in files)
+    shutil.rmtree(target)
+    return {"bytes": size, "seconds": seconds, "MBps": size / seconds / 1e6, "cold_cache": cold}
+
+
 def run_tool(name: str, cmd: list[str], out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cold = drop_caches()
+    load_before = os.getloadavg()
     print(f"[bench] {name}: {' '.join(cmd)}", flush=True)
     res = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True, check=True)
     rc, wall, rss = res.stdout.split()
     sync_s = timed_sync()
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    row = {"tool": name, "rc": int(rc), "wall_s": float(wall), "sync_after_s": sync_s,
+    row = {"tool": name, "rc": int(rc), "load_average_before": load_before, "load_average_after": os.getloadavg(), "wall_s": float(wall), "sync_after_s": sync_s,
            "durable_s": float(wall) + sync_s, "peak_rss_bytes": int(rss), "output_bytes": size,
            "cold_cache": cold, "command": cmd}
     print(f"[bench] {name}: {json.dumps(row)}", flush=True)
@@ -118,7 +135,9 @@ def main():
 
     env_py = [sys.executable]
     ours_out, ref_out = work / "out-dsdoctor", work / "out-zero_to_fp32"
+    optim_files = sorted(tag_dir.glob("*optim_states.pt"))
     disk = disk_bandwidth(work, ckpt_bytes)
+    disk["copy"] = copy_baseline(optim_files, work)
     print(f"[bench] disk: {json.dumps(disk)}", flush=True)
     rows = [
         run_tool("dsdoctor merge", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(ours_out), "--quiet",
@@ -126,25 +145,33 @@ def main():
         run_tool("zero_to_fp32", env_py + ["-m", "deepspeed.utils.zero_to_fp32", str(ckpt), str(ref_out),
                                            "--safe_serialization"], ref_out),
     ]
-    read_bytes = sum(f.stat().st_size for f in tag_dir.glob("*optim_states.pt"))
-    for row in rows:
+    bf16_out = work / "out-dsdoctor-bf16"
+    bf16 = run_tool("dsdoctor merge --dtype bf16", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(bf16_out),
+                                                             "--quiet", "--dtype", "bf16"], bf16_out)
+    shutil.rmtree(bf16_out, ignore_errors=True)
+    read_bytes = sum(f.stat().st_size for f in optim_files)
+    for row in rows + [bf16]:
+        # read + write at the separately measured sequential bandwidths, one after the other
         ideal = read_bytes / (disk["read_MBps"] * 1e6) + row["output_bytes"] / (disk["write_MBps"] * 1e6)
-        row["ideal_s_at_disk_bandwidth"] = ideal
-        row["fraction_of_disk_bandwidth"] = ideal / row["durable_s"]
+        row["ideal_s_at_measured_read_write_bandwidth"] = ideal
+        row["fraction_of_read_write_bandwidth"] = ideal / row["durable_s"]
+        # the same bytes copied by `cp` + sync: the disk's own copy speed
+        row["fraction_of_cp_speed"] = disk["copy"]["seconds"] * row["output_bytes"] / disk["copy"]["bytes"] / row["durable_s"]
     same = compare_outputs(ours_out, ref_out)
     ours, ref = rows
     summary = {
         "time_ratio": ours["durable_s"] / ref["durable_s"],
         "time_ratio_wall_only": ours["wall_s"] / ref["wall_s"],
         "rss_ratio": ours["peak_rss_bytes"] / ref["peak_rss_bytes"],
-        "dsdoctor_fraction_of_disk_bandwidth": ours["fraction_of_disk_bandwidth"],
+        "dsdoctor_fraction_of_read_write_bandwidth": ours["fraction_of_read_write_bandwidth"],
+        "dsdoctor_fraction_of_cp_speed": ours["fraction_of_cp_speed"],
         "identical_tensors": not same["different"] and not same["only_zero_to_fp32"],
     }
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
         "checkpoint": {"path": str(ckpt), "parameters": params, "bytes": ckpt_bytes, "fp32_partition_bytes": read_bytes},
-        "disk": disk, "runs": rows, "comparison": same, "summary": summary,
+        "disk": disk, "runs": rows + [bf16], "comparison": same, "summary": summary,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     shutil.rmtree(ours_out, ignore_errors=True)

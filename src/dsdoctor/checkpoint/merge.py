@@ -71,26 +71,39 @@ class MergeResult:
         return [
             ("checkpoint" if en else "检查点", f"{self.checkpoint} (tag {self.tag})"),
             ("ZeRO stage / ranks" if en else "ZeRO 阶段 / rank 数", f"{self.zero_stage} / {self.world_size}"),
-            ("tensors" if en else "张量", f"{self.tensors} ({human_count(self.parameters)} parameters, "
-                                          f"{self.frozen} frozen, {self.buffers} buffers)"),
-            ("written" if en else "写出", f"{self.out_dir}: {len(self.shards)} shard(s), "
-                                          f"{human_bytes(self.bytes_written)} {self.dtype}"),
+            ("tensors" if en else "张量",
+             f"{self.tensors} ({human_count(self.parameters)} parameters, {self.frozen} frozen, {self.buffers} buffers)"
+             if en else f"{self.tensors} 个({human_count(self.parameters)} 参数,{self.frozen} 个冻结,{self.buffers} 个 buffer)"),
+            ("written" if en else "写出",
+             f"{self.out_dir}: {len(self.shards)} shard(s), {human_bytes(self.bytes_written)} {self.dtype}"
+             if en else f"{self.out_dir}: {len(self.shards)} 个分片,{human_bytes(self.bytes_written)} {self.dtype}"),
             ("tied" if en else "绑定", tied + ("" if not self.tied else
-                                               (" (stored once)" if self.tied_stored_once else " (copied)"))),
+                                               ((" (stored once)" if en else "(只存一份)") if self.tied_stored_once
+                                                else (" (copied)" if en else "(各存一份)")))),
             ("copied" if en else "已复制", ", ".join(self.copied_files) or "-"),
             ("time" if en else "耗时", f"{self.seconds:.1f} s"),
         ]
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        width = max(len(k) for k, _ in self._rows(lang))
-        lines = [f"{style.ok} " + ("merged" if lang != "zh" else "合并完成")]
-        lines += [f"  {k:<{width}}  {v}" for k, v in self._rows(lang)]
+        lines = [f"{style.ok} " + ("merged" if lang != "zh" else "合并完成")] + kv_lines(self._rows(lang))
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
         head = ("", "") if lang != "zh" else ("", "")
         return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
+
+
+def _width(text: str) -> int:
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def kv_lines(rows) -> list[str]:
+    """Aligned ``key  value`` lines (wide characters count as two columns)."""
+    width = max((_width(k) for k, _ in rows), default=0)
+    return [f"  {k}{' ' * (width - _width(k))}  {v}" for k, v in rows]
 
 
 def _config_dir(model, root: Path) -> tuple[Path | None, list[Path]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor.checkpoint import rules  # noqa: F401  (registers DSD4xx)
+from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
@@ -69,11 +70,10 @@ class VerifyResult:
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        width = max(len(k) for k, _ in self._rows(lang))
         ok = not any(f.effective_severity == "error" for f in self.findings)
         head = (f"{style.ok} " + ("verified" if lang != "zh" else "验证通过")) if ok else \
             (f"{style.error} " + ("verification failed" if lang != "zh" else "验证失败"))
-        lines = [head] + [f"  {k:<{width}}  {v}" for k, v in self._rows(lang)]
+        lines = [head] + kv_lines(self._rows(lang))
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
