@@ -42,6 +42,7 @@ class PathRun:
     log: str = ""
     log_tail: str = ""
     tokens: list[list[int]] = field(default_factory=list)  # generated tokens per prompt
+    versions: dict = field(default_factory=dict)  # torch, transformers, deepspeed in the worker
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -175,6 +176,10 @@ class CompareResult:
         if rows:
             out += ["## " + ("Per prompt" if lang == "en" else "逐个提示"), "", markdown_table(head, rows)]
         out += ["## " + ("Findings" if lang == "en" else "发现的问题"), "", findings_markdown(self.findings, lang)]
+        for r in self.runs:
+            if not r.ok and r.log_tail:
+                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                out += [f"### {title}", "", "```", r.log_tail.rstrip(), "```", ""]
         return "\n".join(out)
 
 
@@ -325,6 +330,7 @@ def compare(
                 records[label] = rec
                 run.device, run.load_seconds, run.generate_seconds = rec["device"], rec["load_seconds"], rec["generate_seconds"]
                 run.tokens = [p["tokens"] for p in rec["prompts"]]
+                run.versions = rec.get("versions", {})
             say(f"[{n}/{len(jobs)}] {label}: {'done' if outcome.ok else 'FAILED: ' + outcome.error} "
                 f"in {time.perf_counter() - t0:.0f}s")
             runs.append(run)
