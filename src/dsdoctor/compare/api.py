@@ -42,6 +42,7 @@ class PathRun:
     log: str = ""
     log_tail: str = ""
     tokens: list[list[int]] = field(default_factory=list)  # generated tokens per prompt
+    versions: dict = field(default_factory=dict)  # torch, transformers, deepspeed in the worker
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -175,6 +176,10 @@ class CompareResult:
         if rows:
             out += ["## " + ("Per prompt" if lang == "en" else "逐个提示"), "", markdown_table(head, rows)]
         out += ["## " + ("Findings" if lang == "en" else "发现的问题"), "", findings_markdown(self.findings, lang)]
+        for r in self.runs:
+            if not r.ok and r.log_tail:
+                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                out += [f"### {title}", "", "```", r.log_tail.rstrip(), "```", ""]
         return "\n".join(out)
 
 
@@ -231,17 +236,20 @@ def _parse_paths(paths) -> list[str]:
     return paths
 
 
-def default_ranks() -> int:
-    """Visible GPUs when there are several, else 2 (the CPU accelerator runs any number of ranks)."""
-    if os.environ.get("DS_ACCELERATOR", "") != "cpu":
-        try:
-            import torch
+def visible_gpus() -> int:
+    """CUDA devices the ranks would use; 0 on the CPU accelerator (DS_ACCELERATOR=cpu) or without CUDA."""
+    if os.environ.get("DS_ACCELERATOR", "") == "cpu":
+        return 0
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-            if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
-                return torch.cuda.device_count()
-        except ImportError:
-            pass
-    return 2
+
+def default_ranks(gpus_visible: int) -> int:
+    """Every visible GPU; 2 on the CPU accelerator, which runs any number of ranks."""
+    return gpus_visible or 2
 
 
 def probe_ids(vocab_size: int) -> list[int]:
@@ -285,9 +293,16 @@ def compare(
     dtype_name = normalize_dtype(dtype) if dtype else (spec_a.dtype or "fp32")
     if dtype_name not in TORCH_DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
-    ranks = default_ranks() if gpus is None else gpus
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
+    if any(p in MULTI_RANK for p in paths):
+        have = visible_gpus()
+        ranks = default_ranks(have) if gpus is None else gpus
+        if have and ranks > have:
+            raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
+                             hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
+    else:
+        ranks = 1 if gpus is None else gpus
     if "tp" in paths:
         for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
             if n % ranks:
@@ -299,7 +314,10 @@ def compare(
     elif isinstance(prompts, (str, os.PathLike)):
         prompt_ids = load_prompts(prompts, spec_a.vocab_size, model_dir)
     else:
-        prompt_ids = [list(map(int, p)) for p in prompts]
+        try:
+            prompt_ids = [[int(t) for t in p] for p in prompts]
+        except (TypeError, ValueError):
+            raise InputError("prompts must be a prompt file or lists of token ids") from None
         if not prompt_ids or not all(prompt_ids) or any(not 0 <= t < spec_a.vocab_size for p in prompt_ids for t in p):
             raise InputError(f"prompts must be non-empty token-id lists within the vocabulary ({spec_a.vocab_size})")
 
@@ -325,6 +343,7 @@ def compare(
                 records[label] = rec
                 run.device, run.load_seconds, run.generate_seconds = rec["device"], rec["load_seconds"], rec["generate_seconds"]
                 run.tokens = [p["tokens"] for p in rec["prompts"]]
+                run.versions = rec.get("versions", {})
             say(f"[{n}/{len(jobs)}] {label}: {'done' if outcome.ok else 'FAILED: ' + outcome.error} "
                 f"in {time.perf_counter() - t0:.0f}s")
             runs.append(run)
