@@ -83,7 +83,7 @@ def test_zero3_two_ranks_load_and_generate(model_dir, tmp_path):
     # generate: gathered layers, prefetch groups whose flat buffer lives until the group's last parameter
     # is used, KV cache and activations over the partitioned weights. Run to run, the measured peak is
     # either ~4% above the prediction or higher by exactly one more vocab x hidden matrix (~14%): a
-    # gathered embedding/lm_head copy that some runs free later (open point in bench/plan/RESULTS.md).
+    # buffer the size of the embedding that some runs free later (open point in bench/plan/RESULTS.md).
     extra = 2 * MODEL["vocab_size"] * MODEL["hidden_size"]
     measured = max(d["load_peak"], d["gen_peak"])
     assert d["predicted_peak"] * 0.97 <= measured <= (d["predicted_peak"] + extra) * 1.06, d
