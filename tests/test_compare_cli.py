@@ -218,3 +218,21 @@ def test_a_timeout_stops_every_rank(models, tmp_path, monkeypatch):
     job_file = str(tmp_path / "zero3.job.json")
     left = [p for p in psutil.process_iter(["cmdline"]) if job_file in " ".join(p.info["cmdline"] or [])]
     assert left == []
+
+
+@pytest.mark.deepspeed
+def test_torchrun_fallback_runs_tensor_parallel_ranks(models, monkeypatch):
+    """Without the deepspeed launcher (the GPU image has none) ranks start through torchrun; tensor
+    parallelism on the CPU then needs the LOCAL_SIZE that DeepSpeed's launcher would have exported."""
+    import dsdoctor.compare.launch as launch
+    from dsdoctor.compare.api import compare
+
+    for key, value in deepspeed_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
+    monkeypatch.setattr(launch, "deepspeed_launcher", lambda: None)
+    result = compare(models["ref"], paths="plain,tp", gpus=2, prompts=[[5, 6, 7, 8]], max_new_tokens=4)
+    tp = result.runs[1]
+    assert tp.ok, tp.error + "\n" + tp.log_tail
+    assert tp.command[1:3] == ["-m", "torch.distributed.run"]
+    assert result.status == "match" and result.pairs[0].diffs[0].compared == 4

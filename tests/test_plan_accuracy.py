@@ -80,6 +80,10 @@ def test_zero3_two_ranks_load_and_generate(model_dir, tmp_path):
     # load peak: the shards so far plus the module being built whole
     # (the last module, lm_head, is the largest: 2 bytes x vocab x hidden on top of all shards)
     assert d["load_peak"] == pytest.approx(d["after_load"] + 2 * MODEL["vocab_size"] * MODEL["hidden_size"], rel=0.01)
-    # generate: on gloo the measured peak runs ~15% above the prediction (one partition-sized buffer more
-    # than NCCL's in-place all_gather_into_tensor would need; see bench/plan/RESULTS.md); GPUs: bench/plan
-    assert max(d["load_peak"], d["gen_peak"]) == pytest.approx(d["predicted_peak"], rel=0.2), d
+    # generate: gathered layers, prefetch groups whose flat buffer lives until the group's last parameter
+    # is used, KV cache and activations over the partitioned weights. Run to run, the measured peak is
+    # either ~4% above the prediction or higher by exactly one more vocab x hidden matrix (~14%): a
+    # buffer the size of the embedding that some runs free later (open point in bench/plan/RESULTS.md).
+    extra = 2 * MODEL["vocab_size"] * MODEL["hidden_size"]
+    measured = max(d["load_peak"], d["gen_peak"])
+    assert d["predicted_peak"] * 0.97 <= measured <= (d["predicted_peak"] + extra) * 1.06, d

@@ -178,3 +178,11 @@ def test_every_path_reports_what_fits():
                      host_memory="1TiB", detect=False, counts="formula").path(p.name)
         if p.max_batch < 4096:
             assert not wider.fits
+
+
+def test_public_api_name_works_after_the_package_is_imported():
+    import dsdoctor
+    import dsdoctor.plan.api  # noqa: F401  (binds dsdoctor.plan to the package)
+
+    r = dsdoctor.plan(LLAMA_7B, gpus=1, gpu_memory="80GB", detect=False, counts="formula")
+    assert r.recommended.path == "plain"

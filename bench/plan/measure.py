@@ -78,7 +78,8 @@ def main() -> int:
         gc.collect()
         if cuda:
             torch.cuda.synchronize()
-            torch._C._cuda_clearCublasWorkspaces()
+            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+                torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
             if hasattr(torch._C, "_host_emptyCache"):
                 torch._C._host_emptyCache()
@@ -162,7 +163,7 @@ def main() -> int:
         gathered = [None] * world
         dist.all_gather_object(gathered, rec)
         if rank == 0:
-            keys = ("peak_allocated", "peak_reserved", "load_peak_allocated", "rss_after_load", "rss_after_generate",
+            keys = ("allocated_at_start", "peak_allocated", "peak_reserved", "load_peak_allocated", "rss_after_load", "rss_after_generate",
                     "tokens_per_s", "ok", "error")
             merged = dict(rec, ranks=[{k: r.get(k) for k in keys} for r in gathered])
             merged["ok"] = all(r.get("ok") for r in gathered)

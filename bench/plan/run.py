@@ -148,7 +148,8 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
     for rid, r in records.items():
         case = r["case"]
         ranks = r.get("ranks") or []
-        peaks = [x.get("peak_allocated") for x in ranks if x.get("peak_allocated")]
+        # a rank's own peak: what an earlier case left allocated (should be 0) is not this case's
+        peaks = [x["peak_allocated"] - (x.get("allocated_at_start") or 0) for x in ranks if x.get("peak_allocated")]
         reserved = [x.get("peak_reserved") for x in ranks if x.get("peak_reserved")]
         measured = max(peaks) if peaks else None
         try:
@@ -161,6 +162,7 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
             "measured_reserved_bytes": max(reserved) if reserved else None,
             "measured_load_peak_bytes": max((x.get("load_peak_allocated") or 0) for x in ranks) if ranks else None,
             "measured_tokens_per_s": r.get("tokens_per_s"), "rss_after_load": r.get("rss_after_load"),
+            "allocated_at_start": [x.get("allocated_at_start") for x in ranks],
             "estimate": pred,
             "error_pct": pct(pred.get("gpu_peak_bytes"), measured),
             "weights_only_error_pct": pct(pred.get("weights_only_bytes"), measured),

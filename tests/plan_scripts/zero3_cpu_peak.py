@@ -4,6 +4,7 @@ Writes rank 0's live-byte peaks (load, generate) and the plan's prediction to th
 On the CPU accelerator every "GPU" tensor is a CPU tensor, so the profiler's allocation events give the
 same quantity torch.cuda.max_memory_allocated gives on a GPU.
 """
+import gc
 import json
 import sys
 
@@ -28,6 +29,7 @@ with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = LlamaForCausalLM(cfg)
     engine = deepspeed.initialize(model=model, config=ds)[0]
     m = engine.module.eval()
+    gc.collect()  # the whole copies zero.Init partitioned may sit in reference cycles until collected
     marker = torch.empty(MARK, dtype=torch.uint8)
     ids = torch.randint(3, cfg.vocab_size, (B, S), generator=torch.Generator().manual_seed(0))
     for _ in range(2):

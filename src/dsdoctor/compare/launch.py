@@ -55,9 +55,14 @@ def launch_command(job_file: Path, nprocs: int) -> list[str]:
             "--master_addr", "127.0.0.1", "--master_port", port, "-m", "dsdoctor.compare.runner", str(job_file)]
 
 
-def _child_env() -> dict:
-    """The workers import this very dsdoctor, even when it is not installed (a source checkout)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+def _child_env(nprocs: int) -> dict:
+    """The workers import this very dsdoctor, even when it is not installed (a source checkout).
+
+    LOCAL_SIZE, CROSS_RANK and CROSS_SIZE are what DeepSpeed's own launcher exports and torchrun does not:
+    without LOCAL_SIZE the CPU accelerator counts 0 devices and its shared-memory all-reduce (tensor
+    parallelism on the CPU) crashes with SIGSEGV."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               LOCAL_SIZE=str(nprocs), CROSS_RANK="0", CROSS_SIZE="1")
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     return env
@@ -75,7 +80,7 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
     cmd = launch_command(job_file, nprocs)
     try:
         with open(log, "w", encoding="utf-8") as fh:
-            rc = _run_group(cmd, fh, timeout)
+            rc = _run_group(cmd, fh, timeout, _child_env(nprocs))
     except OSError as exc:
         return LaunchOutcome(False, None, cmd, str(log), f"cannot start the launcher: {exc}")
     tail = _tail(log)
@@ -86,10 +91,10 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
     return LaunchOutcome(False, None, cmd, str(log), f"{why}: {_last_error(tail)}", tail)
 
 
-def _run_group(cmd: list[str], log, timeout: float | None) -> int | None:
+def _run_group(cmd: list[str], log, timeout: float | None, env: dict) -> int | None:
     """Run the launcher in its own process group so that a timeout or Ctrl-C stops every rank it started,
     not just the launcher. None: timed out."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_child_env(), start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -65,7 +65,7 @@ def cache_layout(model, positions: int) -> list[tuple[int, int | None]] | None:
             warnings.simplefilter("ignore")
             ids = torch.zeros((1, positions), dtype=torch.long, device="meta")
             out = model(input_ids=ids, use_cache=True)
-        cache = getattr(out, "past_key_values", None)
+        cache = out["cache"] if "cache" in out else out.get("past_key_values")  # key renamed in transformers 5.2x
         layers = getattr(cache, "layers", None)
         if not layers:
             return None

@@ -5,7 +5,9 @@ Data flow: model spec (+ exact parameter inventory) + workload + hardware (+ Dee
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import json
 import os
 
 from dsdoctor.findings import Finding
@@ -22,6 +24,7 @@ from dsdoctor.plan.workload import Workload, make_workload
 from dsdoctor.units import human_bytes
 
 MAX_BATCH_SEARCH = 4096
+_EXACT_CACHE: dict[str, object] = {}  # config.json text -> inventory: building on the meta device takes seconds
 
 
 def load_inventory(spec, counts: str = "auto"):
@@ -34,7 +37,10 @@ def load_inventory(spec, counts: str = "auto"):
             from dsdoctor.model.exact import exact_inventory
 
             positions = min(int(spec.max_position_embeddings or 4096), 131072)
-            inv = exact_inventory(spec.raw, probe_positions=positions)
+            key = json.dumps(spec.raw, sort_keys=True)
+            if key not in _EXACT_CACHE:
+                _EXACT_CACHE[key] = exact_inventory(spec.raw, probe_positions=positions)
+            inv = copy.deepcopy(_EXACT_CACHE[key])
         except ImportError:
             inv = None
         if inv is None and counts == "meta":

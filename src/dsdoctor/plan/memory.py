@@ -277,6 +277,7 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
     inflight: dict[int, int] = {}  # group id -> flat buffer bytes
     group_of: dict[int, int] = {}
     members: dict[int, list[int]] = {}
+    pending: dict[int, set] = {}
     n_available = 0
     most_recent: dict[int, int] = {}
     real = [s for s in steps if not s.virtual]
@@ -313,13 +314,20 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
         need = [p for p, _ in step.params if p not in persistent]
         launch([p for p in need if p not in avail and p not in group_of])
         for p in need:
-            if p in group_of:
-                grp = group_of[p]
+            grp = group_of.pop(p, None)
+            if grp is None:
+                continue
+            if grp in members:  # first use: every parameter of the group is copied out of the flat buffer
                 copies = sum(numel_of[q] for q in members[grp]) * b
                 points.append(Point(step.module + " (wait)", held() + copies, prev.level, prev.layer, False))
                 for q in members.pop(grp):
                     avail[q] = numel_of[q] * b
-                    group_of.pop(q, None)
+                pending[grp] = set(q for q in group_of if group_of[q] == grp)
+            # the handle (and its flat buffer) stays referenced by the in-flight registry until the last
+            # parameter of the group has been waited for by its own module
+            pending.setdefault(grp, set()).discard(p)
+            if not pending[grp]:
+                pending.pop(grp)
                 inflight.pop(grp, None)
         if prefetch:
             wanted = {p for p in need if most_recent.get(p, -1) < real_idx}
