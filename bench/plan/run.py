@@ -78,6 +78,13 @@ def done_ids(out: Path) -> set:
 
 
 def run_group(cases, nproc, out, models, env_extra, deadline, tag):
+    """Run each case in a fresh launch: a ZeRO-3 engine's hooks keep GPU memory alive after the case ends,
+    which would leak into the next case's peak. A crash or time-out loses only its own case."""
+    for n, case in enumerate(cases):
+        _run_launch([case], nproc, out, models, env_extra, deadline, f"{tag}-c{n}")
+
+
+def _run_launch(cases, nproc, out, models, env_extra, deadline, tag):
     """Run cases in one launch; on a crash or time-out, record the case in progress and relaunch the rest."""
     pending = list(cases)
     attempt = 0

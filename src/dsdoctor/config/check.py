@@ -17,10 +17,10 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 from dsdoctor.units import human_bytes, human_count
 
 MODES = ("inference", "training")
-OPTIMIZER_BYTES_PER_PARAM = 16  # measured: extra host memory per parameter per rank (FACTS.md)
 
 @dataclass
 class CheckResult:
@@ -223,13 +223,27 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
 
     # DSD101: optimizer at inference
     if infer and eff.has_optimizer:
-        bucket = eff.reduce_bucket_size * eb
-        host = OPTIMIZER_BYTES_PER_PARAM * spec.num_params if spec else None
-        host_text = human_bytes(host) if spec else f"{OPTIMIZER_BYTES_PER_PARAM} B/param"
+        world = gpus or loaded.num_processes or 1
+        cost = optimizer_cost(spec.num_params if spec else 0, world, eff.offload_optimizer.device, eb,
+                              eff.reduce_bucket_size)
+        bucket = human_bytes(cost["bucket"])
+        if spec and cost["host"]:
+            en, zh = (f"about {human_bytes(cost['host'])} of extra pinned host memory per rank",
+                      f"每个 rank 约多占 {human_bytes(cost['host'])} 锁页主机内存")
+        elif spec:
+            en, zh = (f"about {human_bytes(cost['gpu'])} of extra GPU memory per rank",
+                      f"每个 rank 约多占 {human_bytes(cost['gpu'])} 显存")
+        elif eff.offload_optimizer.enabled:
+            en, zh = (f"about {HOST_BYTES_PER_SHARD_ELEMENT} B of pinned host memory per parameter of each rank's shard",
+                      f"每个 rank 的参数分片每个参数约 {HOST_BYTES_PER_SHARD_ELEMENT} 字节锁页主机内存")
+        else:
+            en, zh = "fp32 master weights and gradient partitions on every GPU", "每张 GPU 上的 fp32 主权重和梯度分区"
         found.append(Finding("DSD101", {
-            "optimizer": eff.optimizer_type or "optimizer", "host": host_text, "bucket": human_bytes(bucket),
-            "cost": f"~{host_text} host/rank + {human_bytes(bucket)} GPU reduce bucket", "config": name,
-            "host_bytes_per_rank": host, "gpu_bucket_bytes": bucket,
+            "optimizer": eff.optimizer_type or "optimizer", "config": name, "world_size": world,
+            "cost": f"{en} + a {bucket} GPU reduce bucket (world size {world})",
+            "cost_zh": f"{zh}，外加 {bucket} 的 GPU reduce bucket（world size {world}）",
+            "host_bytes_per_rank": cost["host"] if spec else None, "gpu_bytes_per_rank": cost["gpu"] if spec else None,
+            "gpu_bucket_bytes": cost["bucket"],
         }))
 
     # DSD102: offload_optimizer at inference

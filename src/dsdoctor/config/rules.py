@@ -10,9 +10,8 @@ rule(
     "DSD101", "optimizer-in-inference", "error",
     message={
         "en": "optimizer section ({optimizer}) in an inference config: deepspeed.initialize builds a ZeRO optimizer "
-              "that takes up to about {host} of extra host memory per rank and a {bucket} GPU reduce bucket",
-        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，每个 rank 额外占用最多约 "
-              "{host} 主机内存，外加 {bucket} 的 GPU reduce bucket",
+              "that costs {cost}",
+        "zh": "推理配置中含有 optimizer 段（{optimizer}）：deepspeed.initialize 会构建 ZeRO 优化器，代价为 {cost_zh}",
     },
     fix={
         "en": "Delete the optimizer and scheduler sections: dsdoctor split {config} -o ds_infer.json",
@@ -27,8 +26,9 @@ Why is this bad?
   `deepspeed.initialize` builds an optimizer whenever the config has an `optimizer` section. With ZeRO-3
   that is `DeepSpeedZeroOptimizer_Stage3`: fp32 master copies of the weights (on the CPU with
   offload_optimizer), a flat fp32 gradient partition and a GPU reduce bucket of `reduce_bucket_size`
-  elements (default 5e8). Measured on CPU with 2 ranks: about 16 bytes per parameter per rank of extra host
-  memory and a ~30% slower start. Inference never calls `step()`: all of it is waste, and for a 70B model
+  elements (default 5e8). Measured on 2 x H200 with a 1.35B model: about 17 bytes of pinned host memory per
+  parameter of each rank's shard (8.5 GB per billion parameters per rank with 2 ranks) and a 3.7x slower
+  initialize. Inference never calls `step()`: all of it is waste, and for a 70B model
   it is the difference between running and an OOM.
 
 Example
