@@ -44,7 +44,7 @@ def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
     """Ranks ask for different lengths without synced_gpus, then meet at a barrier: the classic hang."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
            "--config", str(CONFIG), "--hang"]  # torchrun: ranks live in sessions of their own
-    r = run_cli("trace", "-q", "--format", "json", "--timeout", "100", "-o", str(tmp_path / "t"), "--", *cmd,
+    r = run_cli("trace", "-q", "--format", "json", "--timeout", "120", "-o", str(tmp_path / "t"), "--", *cmd,
                 env=deepspeed_env(), timeout=300)
     data = json.loads(r.stdout)
     assert r.returncode == 1 and data["status"] == "hang", r.stderr[-3000:]
