@@ -44,7 +44,7 @@ def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
     """Ranks ask for different lengths without synced_gpus, then meet at a barrier: the classic hang."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
            "--config", str(CONFIG), "--hang"]  # torchrun: ranks live in sessions of their own
-    r = run_cli("trace", "-q", "--format", "json", "--timeout", "100", "-o", str(tmp_path / "t"), "--", *cmd,
+    r = run_cli("trace", "-q", "--format", "json", "--timeout", "120", "-o", str(tmp_path / "t"), "--", *cmd,
                 env=deepspeed_env(), timeout=300)
     data = json.loads(r.stdout)
     assert r.returncode == 1 and data["status"] == "hang", r.stderr[-3000:]
@@ -71,6 +71,7 @@ def test_training_config_traced_and_abd_unchanged(tmp_path):
     assert by["as-is"]["status"] == "ok" and by["split"]["status"] == "ok", r.stderr[-3000:]
     assert by["no-offload-param"]["status"] == "oom"  # a result, not a crash
     assert "DSD307" in by["no-offload-param"]["findings"]
+    assert "rank 0 OOM in generate#0" in by["no-offload-param"]["stopped"]
     assert all(v["peak_host_bytes"] > 0 for v in data["variants"])
     assert by["as-is"]["tokens_per_s"] > 0 and by["no-offload-param"]["tokens_per_s"] is None
     assert data["diagnosis"]["code"] == "DSD315"  # OOM only without offload_param: offloading makes it fit

@@ -215,9 +215,11 @@ def test_trace_plain_transformers_generate_and_chained_sitecustomize(tmp_path):
     assert [p["label"] for p in rank["phases"]] == ["load", "generate#0"]
     gen = rank["phases"][1]
     assert gen["new_tokens"] == 12 and gen["tokens_per_s"] > 0 and rank["peak_host_bytes"] > 0
-    assert rank["zero_stage"] is None and rank["optimizer"] is None and rank["synced_gpus"] is False
+    assert rank["zero_stage"] is None and rank["optimizer"] is None and rank["synced_gpus"] is False  # 1 process
+    passed = rank["config_passed"]
+    assert (passed["api"], passed["stage"], passed["offload_param"]) == ("HfDeepSpeedConfig", 3, "cpu")
     assert {f["code"] for f in data["findings"]} == {"DSD304"}
-    assert "generated 4" in (out / "output.log").read_text()
+    assert "generated 4 zero3 True" in (out / "output.log").read_text()
     assert json.loads((out / "report.json").read_text())["ranks"][0]["rank"] == 0
     assert (out / "report.md").read_text().startswith("# dsdoctor trace")
     assert (out / "timeline-rank-0.png").stat().st_size > 1000 and (out / "timeline.html").is_file()

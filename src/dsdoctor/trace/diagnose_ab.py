@@ -31,7 +31,7 @@ class VariantResult:
     wall_s: float
     returncode: int | None
     offload_param: str | None
-    stopped: list[str] = field(default_factory=list)  # "rank 1 in generate#0 (infer.py:40 in main, waiting in ...)"
+    stopped: list[str] = field(default_factory=list)  # "rank 1 in generate#0 (infer.py:40 in main, ...)", "rank 0 OOM in init"
     findings: list[str] = field(default_factory=list)  # codes found in this variant's trace
     report: str | None = None  # the variant's own report.json, relative to the ab directory
 
@@ -39,6 +39,8 @@ class VariantResult:
     def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> "VariantResult":
         stopped = [f"rank {r.rank} in {r.stopped_in}" + (f" ({r.where})" if r.where else "")
                    for r in t.ranks if r.stopped_in]
+        stopped += [f"rank {r.rank} OOM in " + next((p["label"] for p in r.phases if p.get("error")), "?")
+                    for r in t.ranks if r.status == "oom"]
         offload = next((r.offload_param for r in t.ranks if r.offload_param), None)
         return cls(name, description, t.status, t.peak_gpu_bytes, t.peak_host_bytes, t.tokens_per_s, t.wall_s,
                    t.returncode, offload, stopped, [f.code for f in t.findings], report)
@@ -82,7 +84,7 @@ class AbResult:
         return [pick(x, lang) for x in ({"en": "variant", "zh": "变体"}, {"en": "status", "zh": "状态"},
                                         {"en": "peak GPU", "zh": "GPU 峰值"}, {"en": "peak host", "zh": "主机峰值"},
                                         {"en": "tokens/s", "zh": "tokens/s"}, {"en": "wall", "zh": "用时"},
-                                        {"en": "stopped", "zh": "停止位置"})]
+                                        {"en": "where it stopped", "zh": "停止位置"})]
 
     def to_text(self, lang: str = "en", style=None) -> str:
         from dsdoctor.report.render import ASCII

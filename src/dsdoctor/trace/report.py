@@ -68,8 +68,7 @@ class RankSummary:
     timeline_png: str | None = None
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        return d
+        return dict(self.__dict__)
 
 
 @dataclass
@@ -315,7 +314,6 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     out: list[Finding] = []
     if not records:
         out.append(Finding("DSD309", {}))
-    by_rank = {r.rank: r for r in ranks}
 
     built = [r for r in ranks if r.optimizer]
     if built and "DSD101" in RULES:
@@ -390,7 +388,6 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
         err = next((r.error for r in ranks if r.error), None)
         detail = f": {err['type']}: {err['message'][:160]}" if err else ""
         out.append(Finding("DSD308", {"returncode": returncode, "detail": detail, "log": log or "the output above"}))
-    del by_rank
     return sort_findings(out)
 
 
