@@ -116,7 +116,8 @@ def test_training_config_costs_and_zero3_not_needed(tmp_path):
     assert {"DSD201", "DSD203"} <= codes
     assert r.recommended.path == "plain"
     cp = r.path("zero3-offload")
-    assert cp.host_breakdown["optimizer_fp32_master"] == pytest.approx(4 * 6738415616, rel=0.01)
+    # every local rank pins its shard of optimizer state: 17 B per element (measured), 2 ranks on the node
+    assert cp.host_breakdown["optimizer_state"] == 2 * 17 * -(-6738415616 // 2)
     assert exit_code(r.findings, "warning") == 1 and exit_code(r.findings, "error") == 0
 
 
@@ -154,7 +155,7 @@ def test_knobs_follow_deepspeed_semantics(tmp_path):
     bad.write_text('{"zero_optimization": {"stage": 3}, "zero_optimization": {"stage": 2}}')
     with pytest.raises(InputError, match="duplicate"):
         load_knobs(bad)
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="no such file"):
         load_knobs(tmp_path / "missing.json")
     with pytest.raises(InputError, match="unknown plan knobs"):
         knobs_from_dict({"stage": 3})

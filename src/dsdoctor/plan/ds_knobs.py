@@ -78,9 +78,11 @@ def knobs_from_effective(eff, source: str | None = None) -> DsKnobs:
     """From ``dsdoctor.config.effective.effective_settings(raw)`` (attribute names fixed by contract)."""
     op = getattr(eff, "offload_param", None)
     oo = getattr(eff, "offload_optimizer", None)
+    stage = _num(getattr(eff, "zero_stage", 0), 0)
     return DsKnobs(
-        zero_stage=_num(getattr(eff, "zero_stage", 0), 0),
-        offload_param=_device(getattr(op, "device", None)) if op is not None else None,
+        zero_stage=stage,
+        # DeepSpeed ignores offload_param below stage 3
+        offload_param=_device(getattr(op, "device", None)) if op is not None and stage == 3 else None,
         offload_param_pin_memory=bool(_eff(getattr(op, "pin_memory", True))) if op is not None else True,
         offload_optimizer=_device(getattr(oo, "device", None)) if oo is not None else None,
         has_optimizer=bool(_eff(getattr(eff, "has_optimizer", False))),

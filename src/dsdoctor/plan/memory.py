@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.model.inventory import Inventory
+from dsdoctor.zero_costs import optimizer_cost
 
 MiB = 1024**2
 GiB = 1024**3
@@ -430,14 +431,12 @@ def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict,
     gpu, host, notes = {}, {}, []
     if knobs is None or not knobs.has_optimizer or knobs.zero_stage != 3:
         return gpu, host, notes
-    shard = math.ceil(numel / world)
-    gpu["reduce_bucket"] = knobs.reduce_bucket_size * b
-    if knobs.offload_optimizer in ("cpu", "nvme"):
-        host["optimizer_fp32_master"] = 4 * shard * world
-        host["optimizer_fp32_grads"] = 4 * shard * world
+    cost = optimizer_cost(numel, world, knobs.offload_optimizer, b, knobs.reduce_bucket_size)
+    gpu["reduce_bucket"] = cost["bucket"]
+    if cost["host"]:  # pinned, per rank: the node holds every local rank's
+        host["optimizer_state"] = cost["host"] * world
     else:
-        gpu["optimizer_fp32_master"] = 4 * shard
-        gpu["optimizer_grad_partition"] = b * shard
+        gpu["optimizer_state"] = cost["gpu"]
     notes.append("training-config optimizer state counted (Adam moments appear only at step())")
     return gpu, host, notes
 

@@ -34,6 +34,10 @@ class VariantResult:
     stopped: list[str] = field(default_factory=list)  # "rank 1 in generate#0 (infer.py:40 in main, ...)", "rank 0 OOM in init"
     findings: list[str] = field(default_factory=list)  # codes found in this variant's trace
     report: str | None = None  # the variant's own report.json, relative to the ab directory
+    # the inference peak: max over ranks of generate phases (allocated GPU bytes; host RSS). The A/B compares
+    # these, so that how the script happens to load the model (e.g. built whole on the GPU) does not decide.
+    generate_peak_gpu_bytes: int | None = None
+    generate_peak_host_bytes: int | None = None
 
     @classmethod
     def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> "VariantResult":
@@ -42,8 +46,11 @@ class VariantResult:
         stopped += [f"rank {r.rank} OOM in " + next((p["label"] for p in r.phases if p.get("error")), "?")
                     for r in t.ranks if r.status == "oom"]
         offload = next((r.offload_param for r in t.ranks if r.offload_param), None)
+        gen = [p for r in t.ranks for p in r.phases if p.get("name") == "generate"]
+        gen_gpu = max((p["peak_gpu_allocated_bytes"] for p in gen if p.get("peak_gpu_allocated_bytes")), default=None)
+        gen_host = max((p["peak_host_bytes"] for p in gen if p.get("peak_host_bytes")), default=None)
         return cls(name, description, t.status, t.peak_gpu_bytes, t.peak_host_bytes, t.tokens_per_s, t.wall_s,
-                   t.returncode, offload, stopped, [f.code for f in t.findings], report)
+                   t.returncode, offload, stopped, [f.code for f in t.findings], report, gen_gpu, gen_host)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -76,13 +83,16 @@ class AbResult:
 
     def _rows(self):
         for v in self.variants:
-            yield (v.name, v.status, human_bytes(v.peak_gpu_bytes), human_bytes(v.peak_host_bytes),
+            yield (v.name, v.status, human_bytes(v.generate_peak_gpu_bytes), human_bytes(v.peak_gpu_bytes),
+                   human_bytes(v.peak_host_bytes),
                    "-" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}", f"{v.wall_s:.1f}s",
                    "; ".join(v.stopped) or "-")
 
     def _head(self, lang):
         return [pick(x, lang) for x in ({"en": "variant", "zh": "变体"}, {"en": "status", "zh": "状态"},
-                                        {"en": "peak GPU", "zh": "GPU 峰值"}, {"en": "peak host", "zh": "主机峰值"},
+                                        {"en": "generate peak GPU (allocated)", "zh": "生成阶段 GPU 峰值（allocated）"},
+                                        {"en": "run peak GPU (reserved)", "zh": "全程 GPU 峰值（reserved）"},
+                                        {"en": "peak host", "zh": "主机峰值"},
                                         {"en": "tokens/s", "zh": "tokens/s"}, {"en": "wall", "zh": "用时"},
                                         {"en": "where it stopped", "zh": "停止位置"})]
 
@@ -109,7 +119,10 @@ class AbResult:
 
 
 def _metric(v: VariantResult, gpu: bool):
-    return v.peak_gpu_bytes if gpu else v.peak_host_bytes
+    """The inference (generate) peak when the variant reached generate, else its whole-run peak."""
+    if gpu:
+        return v.generate_peak_gpu_bytes or v.peak_gpu_bytes
+    return v.generate_peak_host_bytes or v.peak_host_bytes
 
 
 def _summary(variants: list[VariantResult], gpu: bool) -> str:

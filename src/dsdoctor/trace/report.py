@@ -319,9 +319,16 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if built and "DSD101" in RULES:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
-        cost = (f"{human_bytes(r0.optimizer_state_bytes)} per rank, measured at initialize"
-                if r0.optimizer_state_bytes else "its fp32 partitions and buckets")
-        out.append(Finding("DSD101", {"optimizer": name, "cost": cost, "ranks": [r.rank for r in built]}))
+        if r0.optimizer_state_bytes:
+            cost = f"{human_bytes(r0.optimizer_state_bytes)} per rank, measured at initialize"
+            cost_zh = f"每个 rank {human_bytes(r0.optimizer_state_bytes)}（在 initialize 时实测）"
+        else:
+            cost, cost_zh = "its fp32 partitions and buckets", "其 fp32 分区和各类 bucket"
+        source = (r0.config_passed or {}).get("source")
+        config = source if isinstance(source, str) and source.endswith((".json", ".hjson", ".yaml", ".yml")) \
+            else "YOUR_DS_CONFIG.json"
+        out.append(Finding("DSD101", {"optimizer": name, "cost": cost, "cost_zh": cost_zh, "config": config,
+                                      "ranks": [r.rank for r in built]}))
 
     tp = [r for r in ranks if r.zero_stage == 3 and (r.tp_size or 1) > 1]
     if tp and "DSD103" in RULES:

@@ -41,29 +41,16 @@ def _no_offload_param(cfg: dict) -> dict:
     return cfg
 
 
-# Keys that only matter for training; the inference config drops them. Kept small and in one place so the
-# config doctor's split (dsdoctor.config.split) can replace it.
-_TRAINING_ONLY_TOP = ("optimizer", "scheduler", "gradient_clipping", "gradient_accumulation_steps",
-                      "zero_allow_untested_optimizer")
-_TRAINING_ONLY_ZERO = ("offload_optimizer", "sub_group_size", "reduce_scatter", "reduce_bucket_size",
-                       "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
 
 
 def split_inference_config(cfg: dict) -> dict:
-    """The inference part of a training config: no optimizer, scheduler or optimizer offload."""
-    try:  # the config doctor's split, when present, is the reference
-        from dsdoctor.config.split import inference_config  # type: ignore
+    """The inference part of a training config, as ``dsdoctor split`` writes it (no optimizer, scheduler,
+    offload_optimizer or training-only keys; "auto" resolved to what DeepSpeed would use)."""
+    from dsdoctor.config.load import load_config
+    from dsdoctor.config.split import inference_config
 
-        return inference_config(cfg)
-    except ImportError:
-        pass
-    for key in _TRAINING_ONLY_TOP:
-        cfg.pop(key, None)
-    zero = cfg.get("zero_optimization")
-    if isinstance(zero, dict):
-        for key in _TRAINING_ONLY_ZERO:
-            zero.pop(key, None)
-    return cfg
+    new, _changes = inference_config(load_config(cfg))
+    return new
 
 
 def _pin_memory(value: bool):
