@@ -91,10 +91,10 @@ class Bench:
                *self.user_command(nproc, TRAIN_CFG, None, 16), "--repeats", "1"]
         return self.run(name, cmd, gpus, need_s)
 
-    def overhead(self, gpus: str | None, pairs: int = 2) -> None:
+    def overhead(self, gpus: str | None, pairs: int = 2, only_traced: bool = False) -> None:
         for i in range(pairs):
-            for traced in (False, True):
-                name = f"overhead-{'traced' if traced else 'untraced'}-{i}"
+            for traced in ((True,) if only_traced else (False, True)):
+                name = f"overhead-{'traced' if traced else 'untraced'}-{i + (2 if only_traced else 0)}"
                 result = self.out / f"{name}.json"
                 user = self.user_command(1, INFER_CFG, result, 64)
                 cmd = user if not traced else [sys.executable, "-m", "dsdoctor", "trace", "-q", "--format", "json",
@@ -199,7 +199,10 @@ def main():
     p.add_argument("out")
     p.add_argument("--budget", type=float, default=400, help="seconds for everything (default 400)")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU, to check the script")
+    p.add_argument("--steps", default="ab-2gpu,ab-1gpu,overhead",
+                   help="which steps to run (default: all): ab-2gpu, ab-1gpu, overhead, traced (one traced run only)")
     a = p.parse_args()
+    steps = set(a.steps.split(","))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     b = Bench(out, a.budget, a.smoke)
@@ -212,16 +215,21 @@ def main():
     log("expect: as-is builds DeepSpeedZeroOptimizer_Stage3 (DSD101) and is slowest (offload_param); split drops "
         "the optimizer (lower host peak); no-offload-param raises the GPU peak and tokens/s; tracing overhead within 3%")
 
-    if ngpu >= 2 or a.smoke:
+    if (ngpu >= 2 or a.smoke) and "ab-2gpu" in steps:
         b.ab("ab-2gpu", 2, None if a.smoke else "0,1", 100)
     lane1 = threading.Thread(target=b.ab, args=("ab-1gpu", 1, None if a.smoke else "1", 100))
-    if ngpu >= 2:
+    run_lane1 = "ab-1gpu" in steps
+    if ngpu >= 2 and run_lane1:
         lane1.start()
-        b.overhead("0")
-        lane1.join()
-    else:
-        b.overhead(None if a.smoke else "0")
-        b.ab("ab-1gpu", 1, None if a.smoke else "0", 100)
+    if "overhead" in steps:
+        b.overhead("0" if ngpu else None)
+    elif "traced" in steps:  # one more traced sample for the overhead, next to earlier runs' samples
+        b.overhead("0" if ngpu else None, pairs=1, only_traced=True)
+    if run_lane1:
+        if ngpu >= 2:
+            lane1.join()
+        else:
+            b.ab("ab-1gpu", 1, None if a.smoke else "0", 100)
 
     summary = {"gpus": ngpu, "smoke": a.smoke, "steps": b.steps, "overhead": b.overhead_summary()}
     for name in ("ab-1gpu", "ab-2gpu", "overhead-traced-0"):
