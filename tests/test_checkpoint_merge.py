@@ -34,6 +34,7 @@ def test_merge_is_bit_identical_to_deepspeed(tmp_path, world, stage_dir, stage, 
     base = zero_checkpoints()
     result = merge(base / world / stage_dir, tmp_path / "out", model=base / world / "model", progress=False)
     assert (result.zero_stage, result.world_size, result.frozen) == (stage, ranks, 3)
+    assert result.buffers == (2 if stage == 2 else 0)
     ours = read_merged(tmp_path / "out")
     ref = deepspeed_reference(base / world / stage_dir)
     # the tied lm_head is stored once (config ties it); everything else is there, bit for bit
@@ -41,8 +42,11 @@ def test_merge_is_bit_identical_to_deepspeed(tmp_path, world, stage_dir, stage, 
     assert set(ours) == set(ref) - {"lm_head.weight"}
     for name, tensor in ref.items():
         if name in ours:
-            assert ours[name].dtype == torch.float32
-            assert torch.equal(ours[name], tensor.to(torch.float32)), name
+            assert ours[name].dtype == (torch.float32 if tensor.is_floating_point() else tensor.dtype), name
+            assert torch.equal(ours[name], tensor.to(ours[name].dtype)), name
+    if stage == 2:
+        assert ours["model.probe_steps"].dtype == torch.int64 and ours["model.probe_steps"].tolist() == list(range(0, 21, 3))
+        assert ours["model.probe_scale"].dtype == torch.float32
     # odd sizes really crossed rank boundaries: hidden 45, vocab 251, a 16-element bias over 3 ranks
     assert ours["model.embed_tokens.weight"].shape == (251, 45)
     assert not torch.equal(ours["model.layers.0.mlp.up_proj.weight"], torch.zeros(99, 45))
