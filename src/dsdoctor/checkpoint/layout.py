@@ -7,7 +7,7 @@ Layouts (DeepSpeed 0.19.8, runtime/engine.py):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
@@ -25,7 +25,6 @@ class Layout:
     optim_files: list[Path]  # index = data-parallel rank
     model_files: list[Path]  # one per rank (ZeRO-3) or one in all (ZeRO-1/2)
     mp_rank: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:

@@ -90,7 +90,7 @@ class MergeResult:
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head = ("", "") if lang != "zh" else ("", "")
+        head = ("", "merge") if lang != "zh" else ("", "合并")
         return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
 
 
