@@ -52,6 +52,30 @@ def test_merge_is_bit_identical_to_deepspeed(tmp_path, world, stage_dir, stage, 
     assert not torch.equal(ours["model.layers.0.mlp.up_proj.weight"], torch.zeros(99, 45))
 
 
+def test_zero1_frozen_params_that_deepspeed_drops_are_kept(tmp_path):
+    """bf16 ZeRO-1 writes no frozen_param_shapes: zero_to_fp32 loses the frozen MLP, dsdoctor keeps it."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    from dsdoctor.checkpoint.verify import verify
+
+    base = zero_checkpoints()
+    ckpt = base / "w2" / "zero1"
+    result = merge(ckpt, tmp_path / "out", model=base / "w2" / "model", progress=False)
+    frozen = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+              "model.layers.0.mlp.down_proj.weight"]
+    assert result.zero_stage == 1 and [f.code for f in result.findings] == ["DSD412"]
+    ours, ref = read_merged(tmp_path / "out"), deepspeed_reference(ckpt)
+    assert set(ours) == (set(ref) - {"lm_head.weight"}) | set(frozen) and not set(frozen) & set(ref)
+    assert all(torch.equal(ours[k], ref[k]) for k in ref if k in ours)
+    module = torch.load(_tag(ckpt) / "mp_rank_00_model_states.pt", weights_only=False)["module"]  # our own file
+    assert all(torch.equal(ours[k], module[k].float()) for k in frozen)
+    assert verify(tmp_path / "out", tmp_path / "out").findings == []
+    convert_zero_checkpoint_to_fp32_state_dict(str(ckpt), str(tmp_path / "ds"))
+    missing = verify(tmp_path / "ds", tmp_path / "out").findings
+    assert [f.code for f in missing] == ["DSD401"] and frozen[0] in missing[0].values["names"]
+
+
 def test_cli_bf16_sharded_output_loads_with_from_pretrained(tmp_path):
     import torch
     import transformers
