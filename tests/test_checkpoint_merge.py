@@ -149,6 +149,9 @@ def test_no_latest_lists_tags(tmp_path):
     assert "no `latest`" in err and "global_step1" in err and str(ckpt) in err
     assert not (tmp_path / "out").exists()
     assert _fails(ckpt, tmp_path / "out", "--tag", "global_step9").count("global_step1") == 1
+    # the tag directory itself, or --tag, still works
+    assert merge(_tag(ckpt), tmp_path / "a", progress=False).tag == "global_step1"
+    assert merge(ckpt, tmp_path / "b", tag="global_step1", progress=False).tensors == 29
 
 
 def test_missing_and_extra_rank_files(tmp_path):
