@@ -15,6 +15,7 @@ from dsdoctor.errors import InputError
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+EXPERT_RE = re.compile(r"^(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt$|^expp_rank_\d+_mp_rank_\d+_optim_states\.pt$")
 
 
 @dataclass
@@ -98,6 +99,11 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:
             model3[(int(m.group(1)), int(m.group(2)))] = p
         elif m := MODEL_RE.match(p.name):
             model12[(0, int(m.group(1)))] = p
+        elif EXPERT_RE.match(p.name):
+            raise InputError(
+                f"mixture-of-experts checkpoint ({p.name}): expert parameters are saved per expert-parallel rank "
+                "outside the ZeRO partitions; dsdoctor (like zero_to_fp32) does not merge them yet, and a merge "
+                "without them would silently lack every expert", path=tag_dir)
     if not optim:
         hint = ("a checkpoint saved without an optimizer (ZeRO-Inference) has no fp32 partitions and no "
                 "param_shapes, so neither dsdoctor nor zero_to_fp32 can rebuild it; save it from a training engine")
