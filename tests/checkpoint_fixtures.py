@@ -19,10 +19,10 @@ MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
 @functools.lru_cache(maxsize=None)
 def zero_checkpoints() -> Path:
-    """base/w2/{zero3,zero2,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP."""
+    """base/w2/{zero3,zero2,zero1,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP."""
     base = Path(tempfile.mkdtemp(prefix="dsdoctor-ckpt-"))
     atexit.register(shutil.rmtree, base, True)
-    for world, stages in ((2, ("3", "2")), (3, ("3",))):
+    for world, stages in ((2, ("3", "2", "1")), (3, ("3",))):
         res = _launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world)
         assert "MAKE_ZERO_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     return base

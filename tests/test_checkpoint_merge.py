@@ -34,6 +34,7 @@ def test_merge_is_bit_identical_to_deepspeed(tmp_path, world, stage_dir, stage, 
     base = zero_checkpoints()
     result = merge(base / world / stage_dir, tmp_path / "out", model=base / world / "model", progress=False)
     assert (result.zero_stage, result.world_size, result.frozen) == (stage, ranks, 3)
+    assert result.buffers == (2 if stage == 2 else 0)
     ours = read_merged(tmp_path / "out")
     ref = deepspeed_reference(base / world / stage_dir)
     # the tied lm_head is stored once (config ties it); everything else is there, bit for bit
@@ -41,11 +42,38 @@ def test_merge_is_bit_identical_to_deepspeed(tmp_path, world, stage_dir, stage, 
     assert set(ours) == set(ref) - {"lm_head.weight"}
     for name, tensor in ref.items():
         if name in ours:
-            assert ours[name].dtype == torch.float32
-            assert torch.equal(ours[name], tensor.to(torch.float32)), name
+            assert ours[name].dtype == (torch.float32 if tensor.is_floating_point() else tensor.dtype), name
+            assert torch.equal(ours[name], tensor.to(ours[name].dtype)), name
+    if stage == 2:
+        assert ours["model.probe_steps"].dtype == torch.int64 and ours["model.probe_steps"].tolist() == list(range(0, 21, 3))
+        assert ours["model.probe_scale"].dtype == torch.float32
     # odd sizes really crossed rank boundaries: hidden 45, vocab 251, a 16-element bias over 3 ranks
     assert ours["model.embed_tokens.weight"].shape == (251, 45)
     assert not torch.equal(ours["model.layers.0.mlp.up_proj.weight"], torch.zeros(99, 45))
+
+
+def test_zero1_frozen_params_that_deepspeed_drops_are_kept(tmp_path):
+    """bf16 ZeRO-1 writes no frozen_param_shapes: zero_to_fp32 loses the frozen MLP, dsdoctor keeps it."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    from dsdoctor.checkpoint.verify import verify
+
+    base = zero_checkpoints()
+    ckpt = base / "w2" / "zero1"
+    result = merge(ckpt, tmp_path / "out", model=base / "w2" / "model", progress=False)
+    frozen = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+              "model.layers.0.mlp.down_proj.weight"]
+    assert result.zero_stage == 1 and [f.code for f in result.findings] == ["DSD412"]
+    ours, ref = read_merged(tmp_path / "out"), deepspeed_reference(ckpt)
+    assert set(ours) == (set(ref) - {"lm_head.weight"}) | set(frozen) and not set(frozen) & set(ref)
+    assert all(torch.equal(ours[k], ref[k]) for k in ref if k in ours)
+    module = torch.load(_tag(ckpt) / "mp_rank_00_model_states.pt", weights_only=False)["module"]  # our own file
+    assert all(torch.equal(ours[k], module[k].float()) for k in frozen)
+    assert verify(tmp_path / "out", tmp_path / "out").findings == []
+    convert_zero_checkpoint_to_fp32_state_dict(str(ckpt), str(tmp_path / "ds"))
+    missing = verify(tmp_path / "ds", tmp_path / "out").findings
+    assert [f.code for f in missing] == ["DSD401"] and frozen[0] in missing[0].values["names"]
 
 
 def test_cli_bf16_sharded_output_loads_with_from_pretrained(tmp_path):
@@ -121,6 +149,9 @@ def test_no_latest_lists_tags(tmp_path):
     assert "no `latest`" in err and "global_step1" in err and str(ckpt) in err
     assert not (tmp_path / "out").exists()
     assert _fails(ckpt, tmp_path / "out", "--tag", "global_step9").count("global_step1") == 1
+    # the tag directory itself, or --tag, still works
+    assert merge(_tag(ckpt), tmp_path / "a", progress=False).tag == "global_step1"
+    assert merge(ckpt, tmp_path / "b", tag="global_step1", progress=False).tensors == 29
 
 
 def test_missing_and_extra_rank_files(tmp_path):
@@ -162,6 +193,12 @@ def test_tensor_parallel_checkpoint_is_refused_with_the_reason(tmp_path):
         (f.parent / f.name.replace("mp_rank_00", "mp_rank_01")).write_bytes(f.read_bytes())
     err = _fails(ckpt, tmp_path / "out")
     assert "2 model-parallel ranks" in err and "tensor-parallel" in err and "does not record" in err
+
+
+def test_mixture_of_experts_checkpoint_is_refused(tmp_path):
+    ckpt = copy_checkpoint(zero_checkpoints() / "w2" / "zero3", tmp_path / "ckpt")
+    (_tag(ckpt) / "layer_0_expert_0_mp_rank_00_model_states.pt").write_bytes(b"")
+    assert "mixture-of-experts checkpoint (layer_0_expert_0_mp_rank_00_model_states.pt)" in _fails(ckpt, tmp_path / "o")
 
 
 def test_checkpoint_without_optimizer_states(tmp_path):

@@ -86,8 +86,8 @@ def test_missing_unexpected_and_misshaped(tmp_path):
 
     rc, found = check(variant(tmp_path, edit))
     assert rc == 1 and sorted(found) == ["DSD401", "DSD402", "DSD403"]
-    proc = run_cli("verify", tmp_path / "variant", "--model", tmp_path / "variant")
-    assert "model.norm.weight" in proc.stdout and "[17] != [16]" in proc.stdout
+    text = verify(tmp_path / "variant", tmp_path / "variant").to_text("en")
+    assert "model.norm.weight" in text and "[17] != [16]" in text and "module.extra.weight" in text
 
 
 def test_nan_and_tied_weights_that_differ(tmp_path):
@@ -107,8 +107,9 @@ def test_reference_mismatch_reports_tensor_and_logits(tmp_path):
 
     rc, found = check(variant(tmp_path, edit), "--reference", str(merged()))
     assert rc == 1 and sorted(found) == ["DSD408", "DSD409"]
-    rc, found = check(tmp_path / "variant", "--reference", str(merged()), "--no-logits")
-    assert found == ["DSD408"]
+    result = verify(tmp_path / "variant", merged(), reference=merged(), logits=False)
+    assert [f.code for f in result.findings] == ["DSD408"] and result.logits_max_abs_diff is None
+    assert result.findings[0].values["worst"] == "model.layers.1.mlp.down_proj.weight"
 
 
 def test_bf16_weights_for_fp32_config_is_info_and_within_rounding(tmp_path):

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -124,6 +125,7 @@ def main():
     ap.add_argument("--ckpt", default="/tmp/dsdoctor-bench/ckpt")
     ap.add_argument("--work", default=None, help="where outputs go (default: next to the checkpoint)")
     ap.add_argument("--out", default=str(ROOT / "bench/checkpoint/results.json"))
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the two tools (default 3)")
     args = ap.parse_args()
     ckpt = Path(args.ckpt)
     work = Path(args.work or ckpt.parent)
@@ -134,48 +136,61 @@ def main():
           "dsdoctor at <= 1/2 the time and RSS of zero_to_fp32", flush=True)
 
     env_py = [sys.executable]
-    ours_out, ref_out = work / "out-dsdoctor", work / "out-zero_to_fp32"
+    ours_out, ref_out, bf16_out = work / "out-dsdoctor", work / "out-zero_to_fp32", work / "out-dsdoctor-bf16"
     optim_files = sorted(tag_dir.glob("*optim_states.pt"))
+    read_bytes = sum(f.stat().st_size for f in optim_files)
     disk = disk_bandwidth(work, ckpt_bytes)
     disk["copy"] = copy_baseline(optim_files, work)
     print(f"[bench] disk: {json.dumps(disk)}", flush=True)
-    rows = [
-        run_tool("dsdoctor merge", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(ours_out), "--quiet",
-                                             "--model", str(ckpt / "model")], ours_out),
-        run_tool("zero_to_fp32", env_py + ["-m", "deepspeed.utils.zero_to_fp32", str(ckpt), str(ref_out),
-                                           "--safe_serialization"], ref_out),
-    ]
-    bf16_out = work / "out-dsdoctor-bf16"
+    tools = {
+        "dsdoctor merge": (env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(ours_out), "--quiet",
+                                     "--model", str(ckpt / "model")], ours_out),
+        "zero_to_fp32": (env_py + ["-m", "deepspeed.utils.zero_to_fp32", str(ckpt), str(ref_out),
+                                   "--safe_serialization"], ref_out),
+    }
+    runs = []
+    for i in range(args.repeat):  # interleaved, alternating order, so load changes hit both tools alike
+        order = list(tools) if i % 2 == 0 else list(reversed(tools))
+        for name in order:
+            cmd, out = tools[name]
+            runs.append(dict(run_tool(name, cmd, out), round=i))
+    same = compare_outputs(ours_out, ref_out)
     bf16 = run_tool("dsdoctor merge --dtype bf16", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(bf16_out),
                                                              "--quiet", "--dtype", "bf16"], bf16_out)
-    shutil.rmtree(bf16_out, ignore_errors=True)
-    read_bytes = sum(f.stat().st_size for f in optim_files)
-    for row in rows + [bf16]:
+    runs.append(dict(bf16, round=0))
+    for out in (ours_out, ref_out, bf16_out):
+        shutil.rmtree(out, ignore_errors=True)
+    for row in runs:
         # read + write at the separately measured sequential bandwidths, one after the other
         ideal = read_bytes / (disk["read_MBps"] * 1e6) + row["output_bytes"] / (disk["write_MBps"] * 1e6)
         row["ideal_s_at_measured_read_write_bandwidth"] = ideal
         row["fraction_of_read_write_bandwidth"] = ideal / row["durable_s"]
         # the same bytes copied by `cp` + sync: the disk's own copy speed
         row["fraction_of_cp_speed"] = disk["copy"]["seconds"] * row["output_bytes"] / disk["copy"]["bytes"] / row["durable_s"]
-    same = compare_outputs(ours_out, ref_out)
-    ours, ref = rows
+
+    def med(name, key):
+        return statistics.median(r[key] for r in runs if r["tool"] == name)
+
+    pairs = [(a, b) for a in runs for b in runs if a["round"] == b["round"] and a["tool"] == "dsdoctor merge"
+             and b["tool"] == "zero_to_fp32"]
     summary = {
-        "time_ratio": ours["durable_s"] / ref["durable_s"],
-        "time_ratio_wall_only": ours["wall_s"] / ref["wall_s"],
-        "rss_ratio": ours["peak_rss_bytes"] / ref["peak_rss_bytes"],
-        "dsdoctor_fraction_of_read_write_bandwidth": ours["fraction_of_read_write_bandwidth"],
-        "dsdoctor_fraction_of_cp_speed": ours["fraction_of_cp_speed"],
-        "identical_tensors": not same["different"] and not same["only_zero_to_fp32"],
+        "rounds": args.repeat,
+        "time_ratio_per_round": [a["durable_s"] / b["durable_s"] for a, b in pairs],
+        "time_ratio_median": statistics.median(a["durable_s"] / b["durable_s"] for a, b in pairs),
+        "dsdoctor_durable_s_median": med("dsdoctor merge", "durable_s"),
+        "zero_to_fp32_durable_s_median": med("zero_to_fp32", "durable_s"),
+        "rss_ratio": med("dsdoctor merge", "peak_rss_bytes") / med("zero_to_fp32", "peak_rss_bytes"),
+        "dsdoctor_fraction_of_read_write_bandwidth_median": med("dsdoctor merge", "fraction_of_read_write_bandwidth"),
+        "dsdoctor_fraction_of_cp_speed_median": med("dsdoctor merge", "fraction_of_cp_speed"),
+        "identical_tensors": not same["different"] and not same["only_zero_to_fp32"] and same["common"] > 0,
     }
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
         "checkpoint": {"path": str(ckpt), "parameters": params, "bytes": ckpt_bytes, "fp32_partition_bytes": read_bytes},
-        "disk": disk, "runs": rows + [bf16], "comparison": same, "summary": summary,
+        "disk": disk, "runs": runs, "comparison": same, "summary": summary,
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    shutil.rmtree(ours_out, ignore_errors=True)
-    shutil.rmtree(ref_out, ignore_errors=True)
     print(json.dumps(summary), flush=True)
 
 

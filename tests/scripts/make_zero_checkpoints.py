@@ -3,7 +3,7 @@
 Run under the launcher:  DS_ACCELERATOR=cpu deepspeed --num_gpus W make_zero_checkpoints.py OUT 3 [2 ...]
 Each stage S writes OUT/zero{S}/ (``latest`` + tag dir) and, from rank 0, OUT/model/config.json.
 The model has tied embeddings, sizes that do not divide by 2 or 3 (hidden 45, vocab 251, k_proj bias 16) and a frozen
-MLP (so frozen_param_fragments are written). One Adam step is taken so the fp32 masters differ from the
+MLP (so frozen_param_fragments are written); the ZeRO-2 model also has two persistent buffers. One Adam step is taken so the fp32 masters differ from the
 initial bf16 weights.
 """
 import json
@@ -39,6 +39,9 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     for stage in stages:
         model = build_model()
+        if stage == 2:  # persistent buffers (Llama has none): an integer one keeps its dtype, a float one is cast
+            model.model.register_buffer("probe_steps", torch.arange(7, dtype=torch.int64) * 3)
+            model.model.register_buffer("probe_scale", torch.linspace(0, 1, 5))
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,
             "zero_optimization": {"stage": stage},

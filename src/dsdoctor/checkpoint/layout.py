@@ -7,7 +7,7 @@ Layouts (DeepSpeed 0.19.8, runtime/engine.py):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
@@ -15,6 +15,7 @@ from dsdoctor.errors import InputError
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+EXPERT_RE = re.compile(r"^(?:layer_\d+_)?expert_\d+_mp_rank_\d+_model_states\.pt$|^expp_rank_\d+_mp_rank_\d+_optim_states\.pt$")
 
 
 @dataclass
@@ -25,7 +26,6 @@ class Layout:
     optim_files: list[Path]  # index = data-parallel rank
     model_files: list[Path]  # one per rank (ZeRO-3) or one in all (ZeRO-1/2)
     mp_rank: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -99,6 +99,11 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:
             model3[(int(m.group(1)), int(m.group(2)))] = p
         elif m := MODEL_RE.match(p.name):
             model12[(0, int(m.group(1)))] = p
+        elif EXPERT_RE.match(p.name):
+            raise InputError(
+                f"mixture-of-experts checkpoint ({p.name}): expert parameters are saved per expert-parallel rank "
+                "outside the ZeRO partitions; dsdoctor (like zero_to_fp32) does not merge them yet, and a merge "
+                "without them would silently lack every expert", path=tag_dir)
     if not optim:
         hint = ("a checkpoint saved without an optimizer (ZeRO-Inference) has no fp32 partitions and no "
                 "param_shapes, so neither dsdoctor nor zero_to_fp32 can rebuild it; save it from a training engine")

@@ -90,7 +90,7 @@ class MergeResult:
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head = ("", "") if lang != "zh" else ("", "")
+        head = ("", "merge") if lang != "zh" else ("", "合并")
         return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
 
 
@@ -173,6 +173,10 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         by_name = {t.name: t for t in tensors}
         tensors += [OutTensor(alias, by_name[src].plan, by_name[src].dtype) for alias, src in plan.aliases.items()]
         findings.append(Finding("DSD411", {"names": ", ".join(f"{a} = {s}" for a, s in plan.aliases.items())}))
+    from_module = [t.name for t in plan.tensors if t.kind == "module"]
+    if from_module:
+        findings.append(Finding("DSD412", {"count": len(from_module), "names": ", ".join(from_module[:5])
+                                           + (f", ... ({len(from_module) - 5} more)" if len(from_module) > 5 else "")}))
     total = sum(t.nbytes for t in tensors)
 
     parent = out.resolve().parent
@@ -208,7 +212,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         checkpoint=str(layout.root), tag=layout.tag, zero_stage=plan.stage, world_size=plan.world_size,
         ds_version=plan.ds_version, out_dir=str(out), dtype=out_dtype,
         tensors=len(tensors), parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
-        frozen=sum(1 for t in plan.tensors if t.kind == "frozen"),
+        frozen=sum(1 for t in plan.tensors if t.kind in ("frozen", "module")),
         buffers=sum(1 for t in plan.tensors if t.kind == "buffer"),
         bytes_written=written, shards=shards, tied=dict(plan.aliases), tied_stored_once=stored_once and bool(plan.aliases),
         copied_files=copied, seconds=time.perf_counter() - started, findings=findings,

@@ -242,3 +242,27 @@ rule(
                   "在 config.json 中声明绑定,权重只存一份,加载时再绑定。"),
     },
 )
+
+rule(
+    "DSD412", "params-only-in-module-weights", "info",
+    message={"en": "{count} parameter(s) are in no fp32 partition and no frozen record, only in the 16-bit module "
+                   "weights; taken from there: {names}",
+             "zh": "{count} 个参数不在任何 fp32 分区和冻结记录中,只在 16 位模块权重里;已从那里取出: {names}"},
+    fix={"en": "nothing to do for inference; these are the 16-bit values (DeepSpeed's zero_to_fp32 drops them)",
+         "zh": "推理无需处理;这些是 16 位的值(DeepSpeed 的 zero_to_fp32 会丢掉它们)"},
+    explanation={
+        "en": _doc("At ZeRO-1/2, reports parameters that only the checkpoint's 16-bit `module` state dict holds.",
+                   "DeepSpeed 0.19.8 writes no `frozen_param_shapes` with the bf16 ZeRO-1 optimizer, so "
+                   "`zero_to_fp32` silently leaves frozen parameters (a frozen base model under LoRA, a frozen "
+                   "embedding) out of its output, and `load_state_dict(strict=False)` keeps them random.",
+                   "`bf16.enabled: true`, `zero_optimization.stage: 1`, part of the model with "
+                   "`requires_grad=False`.",
+                   "`dsdoctor merge` takes them from the module weights (their trained values, in 16 bits) and "
+                   "says so; `dsdoctor verify` confirms no weight is missing."),
+        "zh": _zh("在 ZeRO-1/2 下,报告只存在于检查点 16 位 `module` state dict 中的参数。",
+                  "DeepSpeed 0.19.8 在 bf16 ZeRO-1 优化器下不写 `frozen_param_shapes`,于是 `zero_to_fp32` 的输出静默"
+                  "缺少冻结参数(LoRA 下冻结的基座、冻结的嵌入),`load_state_dict(strict=False)` 让它们保持随机。",
+                  "`bf16.enabled: true`、`zero_optimization.stage: 1`,部分模型 `requires_grad=False`。",
+                  "`dsdoctor merge` 从模块权重中取出它们(训练后的值,16 位)并给出说明;`dsdoctor verify` 确认没有缺失权重。"),
+    },
+)

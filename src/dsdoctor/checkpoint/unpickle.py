@@ -13,7 +13,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dsdoctor.errors import InputError
 

@@ -99,6 +99,7 @@ class _Copier:
         self.sources = sources
         self.on_bytes = on_bytes
         self.kernel_copy = hasattr(os, "copy_file_range")
+        self._in = self._out = None
 
     def copy(self, piece: Piece):
         offset, length = piece.ref.byte_range(piece.start, piece.count)
@@ -127,12 +128,18 @@ class _Copier:
         src_dtype = getattr(torch, piece.ref.dtype)
         dst_dtype = getattr(torch, out_dtype)
         src = self.sources.fd(piece.ref.path)
+        if self._in is None:  # one input and one output buffer for the whole merge
+            self._in = bytearray(CHUNK_ELEMENTS * 8)
+            self._out = torch.empty(CHUNK_ELEMENTS * 8, dtype=torch.uint8)
         start, left = piece.start, piece.count
         while left > 0:
             n = min(left, CHUNK_ELEMENTS)
             offset, length = piece.ref.byte_range(start, n)
-            data = bytearray(_pread_exact(src, length, offset, piece.ref.path))
-            out = torch.frombuffer(data, dtype=src_dtype).to(dst_dtype)
+            view = memoryview(self._in)[:length]
+            if os.preadv(src, [view], offset) != length:
+                raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
+            out = self._out[: n * ITEMSIZE[out_dtype]].view(dst_dtype)
+            out.copy_(torch.frombuffer(self._in, dtype=src_dtype, count=n))
             _write_all(self.out_fd, out.view(torch.uint8).numpy())
             self.on_bytes(n * ITEMSIZE[out_dtype])
             start += n

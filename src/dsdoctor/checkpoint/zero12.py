@@ -3,7 +3,8 @@
 Each parameter group is one flat fp32 vector split into equal partitions, one per rank
 (``single_partition_of_fp32_groups``). Concatenated over ranks, parameters follow ``param_shapes`` in order,
 each followed by its entry of ``param_alignment_paddings`` when present; the vector's tail is padding up
-to a multiple of 2*W. Frozen parameters are stored whole in the one model-states file.
+to a multiple of 2*W. Frozen parameters are stored whole in the one model-states file; where DeepSpeed
+recorded none (bf16 ZeRO-1), parameters found only in the 16-bit module state dict are taken from there.
 """
 from __future__ import annotations
 
@@ -57,4 +58,17 @@ def plan_zero12(states: States, world: int) -> list[TensorPlan]:
             raise InputError(f"group {g}: param_shapes account for {offset} elements but the partitions hold "
                              f"{avail}", path=states.layout.optim_files[0],
                              hint="model-states and optim-states files come from different runs")
+    return out + untracked_module_params(states, {t.name for t in out})
+
+
+def untracked_module_params(states: States, have: set[str]) -> list[TensorPlan]:
+    """Parameters in the 16-bit ``module`` state dict that neither the fp32 partitions nor the frozen records
+    hold. DeepSpeed 0.19.8 writes no frozen_param_shapes with the bf16 ZeRO-1 optimizer, so zero_to_fp32
+    silently drops frozen parameters there; at stage 1/2 the module state dict still has them whole."""
+    sd = states.model[0]
+    skip = have | set(sd.get("buffer_names") or []) | set((sd.get("shared_params") or {}))
+    out = []
+    for name, ref in (sd.get("module") or {}).items():
+        if name not in skip and isinstance(ref, TensorRef) and ref.numel > 0:
+            out.append(TensorPlan(name, tuple(ref.shape), ref.dtype, [Piece(ref, 0, ref.numel)], "module"))
     return out
