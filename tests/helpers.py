@@ -48,6 +48,15 @@ def run_cli(*args: str, env: dict | None = None, cwd=None, timeout: float = 120)
     )
 
 
+def free_port() -> int:
+    """A free TCP port for a launch's rendezvous (the default 29500 collides between concurrent runs)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def deepspeed_env(extra: dict | None = None) -> dict:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
@@ -61,5 +70,5 @@ def deepspeed_launch(script: Path, *args: str, nprocs: int = 2, timeout: float =
                      env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``deepspeed --num_gpus N script ARGS`` with real ranks on the CPU accelerator."""
     launcher = Path(sys.executable).parent / "deepspeed"
-    cmd = [str(launcher), "--num_gpus", str(nprocs), str(script), *map(str, args)]
+    cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(free_port()), str(script), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(env), cwd=cwd, timeout=timeout)

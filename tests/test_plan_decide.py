@@ -181,9 +181,9 @@ def test_every_path_reports_what_fits():
             assert not wider.fits
 
 
-def test_public_api_name_works_after_the_package_is_imported():
-    import dsdoctor
-    import dsdoctor.plan.api  # noqa: F401  (binds dsdoctor.plan to the package)
+def test_library_api_plan_works_after_the_package_is_imported():
+    import dsdoctor.api
+    import dsdoctor.plan.api  # noqa: F401  (binds the attribute dsdoctor.plan to the package)
 
-    r = dsdoctor.plan(LLAMA_7B, gpus=1, gpu_memory="80GB", detect=False, counts="formula")
+    r = dsdoctor.api.plan(LLAMA_7B, gpus=1, gpu_memory="80GB", detect=False, counts="formula")
     assert r.recommended.path == "plain"

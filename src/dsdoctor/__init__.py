@@ -1,7 +1,10 @@
 """dsdoctor: find, explain and fix why LLM inference with DeepSpeed runs out of memory or crawls.
 
-Every CLI command is also a plain library function here. Imports are lazy so that
-``import dsdoctor`` (and the static commands: check, split, explain) never load torch or deepspeed.
+The library API is ``dsdoctor.api`` (one plain function per command). The names that do not collide with a
+subpackage are also reachable here, lazily: ``dsdoctor.check``, ``split``, ``explain``, ``ab``, ``merge``,
+``verify``, ``env``, ``load_config``, ``effective_settings``. (``plan``, ``trace``, ``compare`` and
+``diagnose`` are subpackages/modules too; use ``dsdoctor.api`` for those.) ``import dsdoctor`` never loads
+torch or deepspeed.
 """
 from __future__ import annotations
 
@@ -9,28 +12,25 @@ import importlib
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
 _API = {
-    "check": "dsdoctor.config.check",
-    "split": "dsdoctor.config.split",
-    "explain": "dsdoctor.findings",
+    "check": "dsdoctor.api",
+    "split": "dsdoctor.api",
+    "explain": "dsdoctor.api",
+    "ab": "dsdoctor.api",
+    "merge": "dsdoctor.api",
+    "verify": "dsdoctor.api",
+    "env": "dsdoctor.api",
     "load_config": "dsdoctor.config.load",
     "effective_settings": "dsdoctor.config.effective",
-    "plan": "dsdoctor.plan.api",
-    "trace": "dsdoctor.trace.api",
-    "ab": "dsdoctor.trace.api",
-    "merge": "dsdoctor.checkpoint.merge",
-    "verify": "dsdoctor.checkpoint.verify",
-    "compare": "dsdoctor.compare.api",
-    "diagnose": "dsdoctor.diagnose",
-    "env": "dsdoctor.envinfo",
 }
 
-__all__ = sorted(_API) + ["__version__"]
+__all__ = sorted(_API) + ["__version__", "api"]
 
 
 def __getattr__(name: str):
     module = _API.get(name)
     if module is None:
+        if name == "api":
+            return importlib.import_module("dsdoctor.api")
         raise AttributeError(f"module 'dsdoctor' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

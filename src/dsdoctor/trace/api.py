@@ -1,6 +1,6 @@
 """Library entry points: ``trace`` and ``ab`` take plain values and return result objects.
 
-    from dsdoctor import trace, ab
+    from dsdoctor.api import trace, ab
     result = trace(["deepspeed", "--num_gpus", "2", "infer.py"], out="trace-out", timeout=900)
     print(result.status, result.ranks[0].peak_gpu_bytes, [f.code for f in result.findings])
 """

@@ -1,0 +1,75 @@
+"""The library API: one plain function per command, taking plain values (paths, numbers, strings).
+
+    from dsdoctor.api import check, split, plan, merge, verify, compare, trace, ab, diagnose, env, explain
+
+Each returns a small result object with ``to_dict(lang)``, ``to_text(lang)`` and ``to_markdown(lang)`` and,
+where it applies, ``findings``. Importing this module is cheap: each function imports its package on call,
+so ``check``/``split``/``explain`` never load torch or deepspeed.
+"""
+from __future__ import annotations
+
+
+def check(config, mode="inference", model=None, gpus=None, tp=None):
+    """What a DeepSpeed config (path or dict) really does at inference, and its findings."""
+    from dsdoctor.config.check import check as run
+    return run(config, mode=mode, model=model, gpus=gpus, tp=tp)
+
+
+def split(config, out, model=None, keep_auto=False, force=False):
+    """Write the inference config of a training config to ``out`` (atomically)."""
+    from dsdoctor.config.split import split as run
+    return run(config, out, model=model, keep_auto=keep_auto, force=force)
+
+
+def explain(code, lang="en"):
+    """The long explanation of a finding code, as text."""
+    from dsdoctor.findings import explain as run
+    return run(code, lang)
+
+
+def plan(model, **kwargs):
+    """Predicted memory and speed of every load path, and the recommendation (see dsdoctor.plan.api.plan)."""
+    from dsdoctor.plan.api import plan as run
+    return run(model, **kwargs)
+
+
+def trace(command, out=None, timeout=None, **kwargs):
+    """Run ``command`` (a list of strings) with the observer in every rank; the per-rank report."""
+    from dsdoctor.trace.api import trace as run
+    return run(command, out=out, timeout=timeout, **kwargs)
+
+
+def ab(command, variants=None, out=None, timeout=None, **kwargs):
+    """Run ``command`` once per DeepSpeed config variant and diagnose the difference."""
+    from dsdoctor.trace.api import ab as run
+    return run(command, variants=variants, out=out, timeout=timeout, **kwargs)
+
+
+def merge(ckpt_dir, out_dir, **kwargs):
+    """Consolidate DeepSpeed ZeRO shards into safetensors that from_pretrained loads."""
+    from dsdoctor.checkpoint.merge import merge as run
+    return run(ckpt_dir, out_dir, **kwargs)
+
+
+def verify(out_dir, model, reference=None, **kwargs):
+    """Check weights strictly against the model their config describes (and a reference)."""
+    from dsdoctor.checkpoint.verify import verify as run
+    return run(out_dir, model, reference=reference, **kwargs)
+
+
+def compare(model_dir, model_dir_b=None, **kwargs):
+    """Greedy tokens of several load paths (or two weight directories), compared prompt by prompt."""
+    from dsdoctor.compare.api import compare as run
+    return run(model_dir, model_dir_b, **kwargs)
+
+
+def diagnose(**kwargs):
+    """The whole troubleshooting; writes a report directory (see dsdoctor.diagnose.diagnose)."""
+    from dsdoctor.diagnose import diagnose as run
+    return run(**kwargs)
+
+
+def env(check_ops=True):
+    """Versions and hardware for a bug report."""
+    from dsdoctor.envinfo import env as run
+    return run(check_ops=check_ops)
