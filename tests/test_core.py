@@ -58,3 +58,14 @@ def test_atomic_output_dir_leaves_nothing_on_error(tmp_path):
     with atomic_output_dir(target) as tmp:
         (tmp / "done.bin").write_bytes(b"x")
     assert (target / "done.bin").exists() and len(list(tmp_path.iterdir())) == 1
+
+
+def test_readme_finding_tables_match_the_rule_registry():
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_codes.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

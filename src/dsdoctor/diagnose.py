@@ -251,10 +251,10 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
                  compare_cmd.replace("MERGED_DIR", merged_dir)]
         summary = _t(
             "Leave ZeRO-3: consolidate the shards into ordinary weights, verify them against the model, then load "
-            "with `AutoModelForCausalLM.from_pretrained(dir, torch_dtype=torch.bfloat16, device_map=\"cuda\")` "
+            "with `AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map=\"cuda\")` "
             "(one replica per GPU for data parallel). Confirm the tokens match with compare.",
             "退出 ZeRO-3：把分片合并为普通权重，对照模型校验，然后用 "
-            "`AutoModelForCausalLM.from_pretrained(dir, torch_dtype=torch.bfloat16, device_map=\"cuda\")` 加载"
+            "`AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map=\"cuda\")` 加载"
             "（数据并行时每卡一份）。最后用 compare 确认生成的 token 一致。",
         )
         if merged:

@@ -163,7 +163,7 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
         return out
     cp = by.get(config_path) if config_path else None
     if knobs.has_optimizer and cp is not None:
-        train_keys = ("reduce_bucket", "optimizer_fp32_master", "optimizer_grad_partition", "optimizer_fp32_grads")
+        train_keys = ("reduce_bucket", "optimizer_state")
         gpu_cost = sum(v for k, v in cp.breakdown.items() if k in train_keys)
         host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
         out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))

@@ -16,8 +16,8 @@ GiB = 1024**3
 COLORS = {
     "weights_resident": "#4e79a7", "persistent_params": "#a0cbe8", "gathered_params": "#f28e2b",
     "kv_cache": "#59a14f", "activations": "#e15759", "logits": "#b07aa1", "cublas_workspace": "#bab0ac",
-    "load_transient": "#ff9da7", "reduce_bucket": "#9c755f", "optimizer_fp32_master": "#76b7b2",
-    "optimizer_grad_partition": "#edc948", "outside_allocator": "#d4d4d4",
+    "load_transient": "#ff9da7", "reduce_bucket": "#9c755f", "optimizer_state": "#76b7b2",
+    "outside_allocator": "#d4d4d4",
 }
 
 

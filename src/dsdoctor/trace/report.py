@@ -208,6 +208,12 @@ def _peak_and_phase(rec: RankRecord, gpu: bool):
         if value is not None and (best is None or value > best):
             best, where = value, label
 
+    if gpu and any(p.peak_gpu_allocated is not None for p in rec.phases):
+        # where the peak happened is a question about live tensors: the caching allocator's reserved bytes
+        # never shrink, so after a load-time peak every later phase would "peak" as high
+        for p in rec.phases:
+            consider(p.peak_gpu_allocated, p.label)
+        return best, where
     for i, p in enumerate(rec.phases):
         consider(p.peak_gpu_reserved if gpu else p.peak_host_rss, p.label)
         t, host, gpu_gap = rec.gap_peaks[i] if i < len(rec.gap_peaks) else (None, None, None)
@@ -439,7 +445,9 @@ _PHASE_ADVICE = {
 
 def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
     gpu = any(r.peak_gpu_bytes is not None for r in ranks)
-    key = "peak_gpu_bytes" if gpu else "peak_host_bytes"
+    key = "peak_host_bytes"
+    if gpu:
+        key = "peak_gpu_allocated_bytes" if any(r.peak_gpu_allocated_bytes for r in ranks) else "peak_gpu_bytes"
     cands = [r for r in ranks if getattr(r, key) is not None and r.peak_phase]
     if not cands:
         return None
