@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	touch $(STAMP)
 
 example: $(STAMP)
-	$(BIN)/dsdoctor diagnose --out dsdoctor-out --force
+	@# exit 1 means findings (the bundled example has them on purpose); 2 would be a real failure
+	$(BIN)/dsdoctor diagnose --out dsdoctor-out --force || test $$? -eq 1
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

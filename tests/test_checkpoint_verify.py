@@ -91,7 +91,6 @@ def test_missing_unexpected_and_misshaped(tmp_path):
 
 
 def test_nan_and_tied_weights_that_differ(tmp_path):
-    import torch
 
     def edit(t):
         t["model.layers.0.self_attn.q_proj.weight"][0, 0] = float("nan")

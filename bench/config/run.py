@@ -12,7 +12,6 @@ Writes OUT_DIR/<config>.rank<r>.json, OUT_DIR/results.json (summary) and prints 
 """
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time

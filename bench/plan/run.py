@@ -185,7 +185,7 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
         "weights_only_max_abs_error_pct": max(wo) if wo else None,
     }
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
-    lines = [f"# dsdoctor plan: estimated vs measured peak GPU memory\n",
+    lines = ["# dsdoctor plan: estimated vs measured peak GPU memory\n",
              f"Device: {device_desc}. Wall time {elapsed:.0f} s. Peak = `torch.cuda.max_memory_allocated` over load "
              f"and two `generate` calls, max over ranks (GiB).\n",
              "| case | path | GPUs | batch | prompt | new | measured | estimated | error | weights-only | error | "

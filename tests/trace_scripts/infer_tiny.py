@@ -9,7 +9,6 @@ generate hang. --oom-without-offload: raise a CUDA-style OOM inside generate whe
 """
 import argparse
 import json
-import os
 
 import deepspeed
 import torch

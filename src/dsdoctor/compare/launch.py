@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.compare.runner import MULTI_RANK
+from dsdoctor.proctree import terminate_tree
 
 LOG_TAIL_LINES = 25
 
@@ -106,14 +106,7 @@ def _run_group(cmd: list[str], log, timeout: float | None, env: dict) -> int | N
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        pass
+    terminate_tree(proc, grace_s=10.0)
 
 
 def _run_in_process(job: dict) -> LaunchOutcome:

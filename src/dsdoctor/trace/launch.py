@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
+from dsdoctor.proctree import process_tree, signal_all, terminate_tree
 from dsdoctor.trace.observer import recorder
 
 OBSERVER_DIR = Path(__file__).resolve().parent / "observer"
@@ -47,66 +48,15 @@ def observed_env(trace_dir: Path, variant: str | None = None, base: dict | None 
     return env
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children[ppid].append(int(entry))
-    return children
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants, parents first."""
-    children = _children_map()
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _signal_all(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
-
-
 def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.0) -> None:
-    """Stack dumps, then SIGTERM, then SIGKILL, to ``proc`` and every descendant."""
+    """Stack dumps of the observed ranks, then SIGTERM, then SIGKILL, to ``proc`` and every descendant."""
     tree = process_tree(proc.pid)
     if trace_dir is not None:
         ranks = set(_record_pids(trace_dir)) & set(tree)
-        _signal_all(ranks, signal.SIGUSR1)
+        signal_all(ranks, signal.SIGUSR1)
         if ranks:
             time.sleep(1.0)
-    _signal_all(tree, signal.SIGTERM)
-    deadline = time.time() + grace_s
-    while time.time() < deadline and any(_alive(p) for p in tree):
-        time.sleep(0.1)
-    tree = list(dict.fromkeys(tree + process_tree(proc.pid)))
-    _signal_all([p for p in tree if _alive(p)], signal.SIGKILL)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    terminate_tree(proc, grace_s)
 
 
 def _raise_interrupt(signum, frame):

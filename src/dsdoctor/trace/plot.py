@@ -70,7 +70,7 @@ def _plot_rank(plt, r, path: Path):
 
 
 def _html(result: TraceResult, directory: Path) -> str:
-    parts = [f"<!doctype html><meta charset='utf-8'><title>dsdoctor trace</title>",
+    parts = ["<!doctype html><meta charset='utf-8'><title>dsdoctor trace</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
              f"<h1>dsdoctor trace</h1><p><code>{html.escape(' '.join(result.command))}</code> — status "
