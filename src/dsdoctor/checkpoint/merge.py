@@ -21,7 +21,12 @@ from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, writ
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir, refuse_overwrite
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_text,
+    markdown_table,
+)
 from dsdoctor.units import human_bytes, human_count, parse_bytes
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",

@@ -5,6 +5,7 @@ rebuild rule. Nothing here reads tensor data except buffers and frozen fragments
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from dsdoctor.checkpoint import unpickle
@@ -30,10 +31,7 @@ class TensorPlan:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass

@@ -8,6 +8,7 @@ records uncompressed), so a caller reads exactly the bytes it needs with ``os.pr
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import struct
@@ -60,10 +61,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
         expected = 1

@@ -14,7 +14,12 @@ from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_text,
+    markdown_table,
+)
 from dsdoctor.units import human_count
 
 LOGITS_MAX_PARAMS = 3_000_000_000  # above this the CPU forward pass is skipped (noted in the result)
