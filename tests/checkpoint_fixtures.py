@@ -8,11 +8,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import socket
 import subprocess
 import sys
 
-from tests.helpers import ROOT, deepspeed_env
+from tests.helpers import ROOT, deepspeed_env, free_port
 
 MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
@@ -28,18 +27,12 @@ def zero_checkpoints() -> Path:
     return base
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(script: Path, *args: str, nprocs: int) -> subprocess.CompletedProcess:
     """Like helpers.deepspeed_launch, on a free port: several people launch DeepSpeed on this machine at once,
     and the default port 29500 is then taken."""
     for _ in range(3):
         launcher = Path(sys.executable).parent / "deepspeed"
-        cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(_free_port()), str(script), *args]
+        cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(free_port()), str(script), *args]
         res = subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(), timeout=600)
         if "EADDRINUSE" not in res.stdout + res.stderr:
             return res

@@ -1,6 +1,9 @@
 import json
+import sys
 
-from tests.helpers import run_cli, write_model_config
+import pytest
+
+from tests.helpers import ROOT, run_cli, write_model_config
 
 
 def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
@@ -37,7 +40,63 @@ def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".d2")]
 
 
+def test_diagnose_rejects_a_bad_workload_before_running_the_command(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ZERO3))
+    model = write_model_config(tmp_path / "m")  # max_position_embeddings 128
+    marker = tmp_path / "ran"
+    proc = run_cli("diagnose", "--config", cfg, "--model", model, "--out", tmp_path / "d", "--prompt-len", "4096",
+                   "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert proc.returncode == 2 and "max_position_embeddings" in proc.stderr
+    assert not marker.exists() and not (tmp_path / "d").exists()
+
+
 def test_diagnose_in_chinese(tmp_path):
     proc = run_cli("diagnose", "--out", tmp_path / "d", "--lang", "zh")
     assert proc.returncode == 1
     assert "推理需要 ZeRO-3 吗" in proc.stdout and "报告" in proc.stdout
+
+
+ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+
+
+@pytest.mark.deepspeed
+def test_diagnose_merges_and_verifies_a_real_zero3_checkpoint(tmp_path):
+    from tests.checkpoint_fixtures import zero_checkpoints
+
+    base = zero_checkpoints() / "w2"
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ZERO3))
+    out = tmp_path / "diag"
+    proc = run_cli("diagnose", "--config", cfg, "--model", base / "model", "--checkpoint", base / "zero3",
+                   "--gpus", "1", "--gpu-memory", "80GiB", "--host-memory", "64GiB", "--prompt-len", "16",
+                   "--new-tokens", "8", "--out", out, "--format", "json",
+                   timeout=300)
+    assert proc.returncode == 1, proc.stderr  # the optimizer section is an error finding
+    data = json.loads(proc.stdout)
+    exit_step = next(s for s in data["steps"] if s["step"] == "exit")
+    assert data["recommended_path"] == "plain"
+    assert exit_step["data"]["merged"]["verify"]["findings"] == []  # the merged weights verify clean
+    assert (out / "merged" / "model.safetensors.index.json").is_file()
+    assert (out / "merged" / "config.json").is_file()
+
+
+def test_diagnose_traces_the_given_command(tmp_path):
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(ZERO3))
+    model = write_model_config(tmp_path / "m")
+    out = tmp_path / "diag"
+    script = ROOT / "tests" / "trace_scripts" / "generate_plain.py"
+    proc = run_cli("diagnose", "--config", cfg, "--model", model, "--out", out, "--format", "json",
+                   "--prompt-len", "16", "--new-tokens", "8", "--timeout", "200", "--", sys.executable, script,
+                   timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    steps = [s["step"] for s in data["steps"]]
+    assert steps == ["effective", "effective", "need-zero3", "split", "ab", "exit"]  # check, then trace
+    traced = data["steps"][1]["data"]["trace"]
+    assert traced["status"] == "ok" and traced["ranks"][0]["config_passed"]["api"] == "HfDeepSpeedConfig"
+    ab = next(s for s in data["steps"] if s["step"] == "ab")
+    assert ab["status"] == "skipped" and "GPU" in ab["summary"]  # A/B of GPU peaks needs a GPU
+    assert (out / "trace" / "report.json").is_file()

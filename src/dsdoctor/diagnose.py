@@ -316,10 +316,11 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
     with atomic_output_dir(out, force=force) as tmp:
         step, _ = _step_effective(config, model, gpus, lang)
         steps.append(step)
-        if command:
-            steps.append(_step_trace(command, tmp, timeout, lang))
+        # plan before running anything: bad workload flags must fail before the user's command has run
         plan_step, plan_result = _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len,
                                             new_tokens, dtype, tmp, lang)
+        if command:
+            steps.append(_step_trace(command, tmp, timeout, lang))
         steps.append(plan_step)
         steps.append(_step_split(config, model, tmp, out, lang))
         if command and _cuda_available():
