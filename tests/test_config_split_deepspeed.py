@@ -1,4 +1,4 @@
-"""The split config, proved with real DeepSpeed: 2 CPU ranks, a ~40M-parameter Llama, one launch per config."""
+"""The split config, proved with real DeepSpeed: 2 CPU ranks, a ~30M-parameter Llama, one launch per config."""
 import json
 from pathlib import Path
 
@@ -35,8 +35,8 @@ TRAIN = {
     "steps_per_print": 2000,
 }
 
-MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-             num_key_value_heads=4, vocab_size=16000, max_position_embeddings=256)
+MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8,
+             num_key_value_heads=4, vocab_size=12000, max_position_embeddings=256)  # ~30M parameters
 
 
 def _free_port() -> int:
