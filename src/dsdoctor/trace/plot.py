@@ -61,7 +61,8 @@ def _plot_rank(plt, r, path: Path):
     ax.set_ylabel("GiB")
     ax.set_title(f"rank {r.rank} ({r.host}): peak GPU {human_bytes(r.peak_gpu_bytes)}, "
                  f"peak host {human_bytes(r.peak_host_bytes)}, peak in {r.peak_phase or '-'}", fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a run too short for the sampler has no lines to label
+        ax.legend(loc="upper left", fontsize=8)
     with warnings.catch_warnings():  # long titles: a layout warning is not the user's business
         warnings.simplefilter("ignore")
         fig.tight_layout()
