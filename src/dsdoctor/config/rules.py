@@ -46,7 +46,7 @@ Use instead
 为什么有问题？
   只要配置里有 `optimizer` 段，`deepspeed.initialize` 就会构建优化器。ZeRO-3 下是
   `DeepSpeedZeroOptimizer_Stage3`：权重的 fp32 主副本（开启 offload_optimizer 时在 CPU 上）、扁平的 fp32
-  梯度分区，以及 `reduce_bucket_size` 个元素的 GPU reduce bucket（默认 5e8）。在 CPU 上 2 个 rank 实测：
+  梯度分区，以及 `reduce_bucket_size` 个元素的 GPU reduce bucket（默认 5e8）。
   在 2 张 H200 上用 1.35B 模型实测：每个 rank 的参数分片每个参数约多占 17 字节锁页主机内存（2 个 rank 时每 10 亿参数每 rank
   约 8.5 GB），initialize 慢 3.7 倍。推理从不调用 `step()`，这些全是浪费；
   对 70B 模型来说，这就是能跑和 OOM 的区别。
