@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dsdoctor.config.check import check
@@ -219,6 +219,12 @@ def test_fuzz_what_dsdoctor_accepts_splits_into_a_config_deepspeed_accepts(doc):
 @settings(max_examples=300, deadline=None)
 @given(doc=st.fixed_dictionaries({}, optional={"zero_optimization": _zero, "fp16": _prec, "bf16": _prec,
                                                "amp": st.just({"enabled": True})}))
+# found by this property once: a deprecated key together with the key that replaces it, even as null
+@example(doc={"zero_optimization": {"cpu_offload": None, "offload_optimizer": None}})
+@example(doc={"zero_optimization": {"cpu_offload_param": False, "offload_param": {"device": "cpu"}}})
+@example(doc={"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": True,
+                                    "stage3_gather_16bit_weights_on_model_save": True}})
+@example(doc={"zero_optimization": {"cpu_offload": "auto", "offload_optimizer": None}})
 def test_fuzz_dsdoctor_rejects_exactly_what_deepspeed_rejects(doc):
     """Property, both ways: DeepSpeed's parsers reject a section iff dsdoctor reports a rejected key (DSD114)
     or refuses the value outright (InputError); when both accept, they agree on stage, offload and dtype."""

@@ -246,6 +246,15 @@ def _read(section: dict | None, keys: tuple[str, ...], where: str, parse, defaul
 
 # --- the reading ---------------------------------------------------------------------------------------
 
+# deprecated zero_optimization keys with a replacing key (runtime/zero/config.py, json_schema_extra new_param)
+DEPRECATED_REPLACED = {
+    "cpu_offload": ("offload_optimizer",),
+    "cpu_offload_param": ("offload_param",),
+    "stage3_gather_fp16_weights_on_model_save": ("gather_16bit_weights_on_model_save",
+                                                 "stage3_gather_16bit_weights_on_model_save"),
+}
+
+
 def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int | None = None) -> Effective:
     """Effective settings of the DeepSpeed config dict ``raw`` as ``filler`` leaves it.
 
@@ -290,6 +299,12 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
         for canonical, alias in STAGE3_ALIASES.items():
             if canonical in zero and alias in zero:
                 invalid.append((zw + canonical, f"given twice, as {alias} and {canonical}"))
+        # a deprecated key and the key that replaces it, both given (even as null): DeepSpeed asserts
+        # "Cannot provide deprecated parameter ... and replacing parameter ... together" (config_utils.py)
+        for old, new_names in DEPRECATED_REPLACED.items():
+            if zero.get(old, AUTO) != AUTO and any(zero.get(n, AUTO) != AUTO for n in new_names):
+                invalid.append((zw + old, f"deprecated spelling given together with {new_names[0]}, which replaces "
+                                          "it: DeepSpeed asserts they cannot be provided together"))
 
     _type_errors(zero, ZERO_TYPES, zw, invalid, {a: c for c, a in STAGE3_ALIASES.items()})
     stage_v = _read(zero, ("stage",), zw, lambda k, v: _as_stage(k, v), 0, canonical="stage")
