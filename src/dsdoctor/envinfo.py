@@ -5,24 +5,16 @@ import contextlib
 import io
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
 from dsdoctor import __version__
+from dsdoctor.machine import Gpu, meminfo, nvidia_smi_gpus
 from dsdoctor.report.render import markdown_table
 from dsdoctor.units import human_bytes
 
 PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "safetensors", "pydantic", "hjson", "ninja")
-
-
-@dataclass
-class Gpu:
-    index: int
-    name: str
-    total_bytes: int
 
 
 @dataclass
@@ -84,40 +76,9 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts:
-                    out[key] = int(parts[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def _gpus_from_nvidia_smi() -> list[Gpu]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    try:
-        text = subprocess.run([exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit():
-            gpus.append(Gpu(int(parts[0]), parts[1], int(float(parts[2])) * 2**20))
-    return gpus
-
-
 def env(check_ops: bool = True) -> EnvResult:
     """Collect versions and hardware. ``check_ops`` imports DeepSpeed to ask which ops can JIT-build."""
-    mem = _meminfo()
+    mem = meminfo()
     result = EnvResult(
         dsdoctor=__version__,
         python=sys.version.split()[0],
@@ -141,7 +102,7 @@ def env(check_ops: bool = True) -> EnvResult:
         except Exception as exc:  # a broken torch is exactly what env should report, not crash on
             result.notes.append(f"import torch failed: {type(exc).__name__}: {exc}")
     if not result.gpus:
-        result.gpus = _gpus_from_nvidia_smi()
+        result.gpus = nvidia_smi_gpus(respect_visible=False)
     if check_ops and result.packages["deepspeed"]:
         _deepspeed_ops(result)
     return result

@@ -5,12 +5,10 @@ torch; anything still unknown is assumed and said so in ``assumed``.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 
 from dsdoctor.errors import InputError
+from dsdoctor.machine import meminfo, nvidia_smi_gpus
 from dsdoctor.units import parse_bytes
 
 GiB = 1024**3
@@ -64,39 +62,13 @@ def _row(name: str | None):
 
 
 def detect_gpus() -> tuple[int, int, str] | None:
-    """(count, bytes per GPU, name) from nvidia-smi, or None."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [line.split(",") for line in out.stdout.strip().splitlines() if "," in line]
-    if out.returncode != 0 or not rows:
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [v for v in visible.split(",") if v.strip()]
-        rows = [r for i, r in enumerate(rows) if str(i) in ids] if all(v.strip().isdigit() for v in ids) else rows
-    if not rows:
-        return None
-    try:
-        return len(rows), int(float(rows[0][1])) * 1024**2, rows[0][0].strip()
-    except ValueError:
-        return None
+    """(count, bytes per GPU, name) of the visible GPUs, from nvidia-smi, or None."""
+    gpus = nvidia_smi_gpus()
+    return (len(gpus), gpus[0].total_bytes, gpus[0].name) if gpus else None
 
 
 def detect_host_memory() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return meminfo().get("MemTotal")
 
 
 def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2d_bandwidth=None,

@@ -1,0 +1,57 @@
+"""What this machine has, read without importing torch: GPUs from nvidia-smi, memory from /proc/meminfo.
+Used by ``plan`` (hardware defaults) and ``env`` (the bug-report block)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass
+class Gpu:
+    index: int
+    name: str
+    total_bytes: int
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes (MemTotal, MemAvailable, ...); empty where there is none."""
+    out = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def nvidia_smi_gpus(respect_visible: bool = True) -> list[Gpu]:
+    """GPUs nvidia-smi lists (only those CUDA_VISIBLE_DEVICES names by index, when set); [] without it."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        proc = subprocess.run([exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode != 0:
+        return []
+    gpus = []
+    for line in proc.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            gpus.append(Gpu(int(parts[0]), parts[1], int(float(parts[2])) * 2**20))
+        except (IndexError, ValueError):
+            continue
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if respect_visible else None
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if all(v.isdigit() for v in ids):
+            gpus = [g for g in gpus if str(g.index) in ids]
+    return gpus
