@@ -5,13 +5,11 @@ import atexit
 import functools
 import json
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
-import subprocess
-import sys
-
-from tests.helpers import ROOT, deepspeed_env, free_port
+from tests.helpers import ROOT, deepspeed_launch
 
 MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
@@ -28,12 +26,9 @@ def zero_checkpoints() -> Path:
 
 
 def _launch(script: Path, *args: str, nprocs: int) -> subprocess.CompletedProcess:
-    """Like helpers.deepspeed_launch, on a free port: several people launch DeepSpeed on this machine at once,
-    and the default port 29500 is then taken."""
+    """helpers.deepspeed_launch with a retry: a free port can still be taken between the check and the bind."""
     for _ in range(3):
-        launcher = Path(sys.executable).parent / "deepspeed"
-        cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(free_port()), str(script), *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(), timeout=600)
+        res = deepspeed_launch(script, *args, nprocs=nprocs, timeout=600)
         if "EADDRINUSE" not in res.stdout + res.stderr:
             return res
     return res

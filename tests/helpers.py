@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +43,32 @@ def run_cli(*args: str, env: dict | None = None, cwd=None, timeout: float = 120)
     full_env.pop("DSDOCTOR_DEBUG", None)
     if env:
         full_env.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "dsdoctor", *map(str, args)],
-        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout,
-    )
+    return run_process([sys.executable, "-m", "dsdoctor", *map(str, args)], env=full_env, cwd=cwd, timeout=timeout)
+
+
+def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` that cannot hang the suite.
+
+    subprocess.run kills only the direct child on a timeout and then waits for EOF on the pipes, which
+    DeepSpeed's rank processes (grandchildren) keep open: a hung launch would hang pytest for good. Here
+    the child leads its own process group, and a timeout kills the whole group before reading what is left.
+    """
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # something outside the group still holds the pipes
+            proc.kill()
+            out, err = "", ""
+        raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def free_port() -> int:
@@ -71,4 +94,4 @@ def deepspeed_launch(script: Path, *args: str, nprocs: int = 2, timeout: float =
     """Run ``deepspeed --num_gpus N script ARGS`` with real ranks on the CPU accelerator."""
     launcher = Path(sys.executable).parent / "deepspeed"
     cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(free_port()), str(script), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(env), cwd=cwd, timeout=timeout)
+    return run_process(cmd, env=deepspeed_env(env), cwd=cwd, timeout=timeout)

@@ -5,11 +5,7 @@ from pathlib import Path
 import pytest
 
 from dsdoctor.config.split import split
-import socket
-import subprocess
-import sys
-
-from tests.helpers import ROOT, deepspeed_env, write_model_config
+from tests.helpers import ROOT, deepspeed_launch, write_model_config
 
 SCRIPT = ROOT / "tests" / "ds_scripts" / "config_split_rank.py"
 
@@ -39,20 +35,9 @@ MODEL = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_a
              num_key_value_heads=4, vocab_size=12000, max_position_embeddings=256)  # ~30M parameters
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(cfg: Path, model: Path, out: Path) -> list[dict]:
-    """Like tests.helpers.deepspeed_launch, on a free port: the default 29500 clashes with other launches
-    running on the same machine at the same time."""
     out.mkdir()
-    launcher = Path(sys.executable).parent / "deepspeed"
-    cmd = [str(launcher), "--num_gpus", "2", "--master_port", str(_free_port()), str(SCRIPT), str(cfg), str(model),
-           str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=deepspeed_env(), timeout=400)
+    proc = deepspeed_launch(SCRIPT, cfg, model, out, timeout=400)
     ranks = sorted(out.glob("rank*.json"))
     assert len(ranks) == 2, f"launch failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return [json.loads(p.read_text()) for p in ranks]

@@ -1,0 +1,51 @@
+"""The suite's own guards: what once ran CI past its limit must not come back."""
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import DS_SHM_PREFIX, SHM, unlink_leaked_deepspeed_shm
+from tests.helpers import run_process
+
+
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm")
+def test_leaked_deepspeed_shm_is_unlinked_and_a_mapped_one_is_kept():
+    live, dead = SHM / f"{DS_SHM_PREFIX}127.0.0.1_1_0", SHM / f"{DS_SHM_PREFIX}127.0.0.1_1_1"
+    for path in (live, dead):
+        path.write_bytes(b"\0" * 8192)
+    fd = os.open(live, os.O_RDWR)
+    mapping = mmap.mmap(fd, 8192)
+    try:
+        assert unlink_leaked_deepspeed_shm() >= 8192
+        assert live.exists() and not dead.exists()
+    finally:
+        mapping.close()
+        os.close(fd)
+    assert unlink_leaked_deepspeed_shm() >= 8192 and not live.exists()
+
+
+def test_timeout_ends_the_grandchildren_too():
+    """subprocess.run kills only its child on a timeout: a launcher's ranks (grandchildren) would live on,
+    holding memory and CPU for the rest of the suite."""
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            "print(p.pid, flush=True); time.sleep(300)")
+    with pytest.raises(subprocess.TimeoutExpired) as err:
+        run_process([sys.executable, "-c", code], timeout=3)
+    grandchild = int(err.value.output.split()[0])
+    for _ in range(50):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
