@@ -1,12 +1,14 @@
 """Measure the real peak GPU memory of each load path and compare it with ``dsdoctor plan``.
 
     python3 bench/plan/run.py OUT_DIR [--tiny] [--gpus N] [--budget-s 470]
+    python3 bench/plan/run.py OUT_DIR --reestimate RUN/raw.jsonl [RUN2/raw.jsonl ...] --device "2 x NVIDIA H200"
 
 Writes OUT_DIR/results.json and OUT_DIR/results.md (estimated vs measured vs weights-only, error %),
 plus the raw per-case records in OUT_DIR/raw.jsonl and each launch's log. One torchrun launch per GPU
 count (1-GPU cases run as two concurrent launches when two GPUs exist); a launch that crashes or times
 out loses one case, and the rest are relaunched. ``--tiny`` runs tiny models (on CPU with gloo when
-there is no GPU) to prove the script works.
+there is no GPU) to prove the script works. ``--reestimate`` measures nothing: it compares the current model with the peaks
+recorded by earlier runs (a case recorded twice: the later file wins).
 """
 from __future__ import annotations
 
@@ -223,11 +225,23 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all visible, at most 2)")
     ap.add_argument("--budget-s", type=float, default=470, help="wall-time budget for the launches (default 470)")
     ap.add_argument("--only", default=None, help="comma-separated case ids or substrings")
+    ap.add_argument("--reestimate", nargs="+", type=Path, metavar="RAW_JSONL",
+                    help="measure nothing: estimate the cases recorded in these raw.jsonl files again")
+    ap.add_argument("--device", default="recorded GPU", help="with --reestimate: the machine that measured them")
     args = ap.parse_args()
     start = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "raw.jsonl").unlink(missing_ok=True)
+    if args.reestimate:
+        models = out / "models"
+        for m, cfg in MODELS.items():
+            (models / m).mkdir(parents=True, exist_ok=True)
+            (models / m / "config.json").write_text(json.dumps(cfg, indent=2))
+        lines = [ln for f in args.reestimate for ln in f.read_text().splitlines() if ln.strip()]
+        (out / "raw.jsonl").write_text("\n".join(lines) + "\n")
+        summarize(out, models, None, None, f"{args.device}, re-estimated from {len(args.reestimate)} recorded run(s)", 0)
+        return 0
     ngpu, total, name = gpu_info()
     gpus = min(args.gpus or max(ngpu, 2 if args.tiny else 1), 2)
     models_src, cases = (TINY_MODELS, TINY_CASES) if args.tiny else (MODELS, CASES)

@@ -288,23 +288,37 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
     gid = 0
     real_idx = -1
 
-    def held():
-        return sum(avail.values()) + sum(inflight.values())
+    # With offload_param on several ranks, a partition lives on the host and is copied to the GPU to be the
+    # all-gather's input (partition_parameters.py: ``ds_tensor.to(device)``). A single parameter's copy is
+    # the input of an asynchronous all-gather: its work object keeps it until the parameter is waited for.
+    # A coalesced group's copies are concatenated into the flat buffer and freed at once.
+    staging = bool(g.offload) and g.world > 1
+    staged: dict[int, int] = {}  # param -> bytes of its partition's GPU copy, until waited for
 
-    def launch(params):
+    def held():
+        return sum(avail.values()) + sum(inflight.values()) + sum(staged.values())
+
+    def launch(params) -> float:
+        """Start the gathers; return the bytes that exist only while they are being started."""
         nonlocal gid, n_available
         if not params:
-            return
+            return 0.0
         gid += 1
+        transient = 0.0
         if len(params) == 1 or g.world == 1:
             for p in params:  # sequential all-gather / host copy: straight into the parameter's buffer
                 avail[p] = (_aligned(numel_of[p], g.world) if g.world > 1 else numel_of[p]) * b
+                if staging:
+                    staged[p] = math.ceil(numel_of[p] / g.world) * b
         else:  # coalesced: one flat buffer, copied out parameter by parameter on first use
             inflight[gid] = sum(_aligned(numel_of[p], g.world) for p in params) * b
             members[gid] = list(params)
             for p in params:
                 group_of[p] = gid
+            if staging:
+                transient = sum(math.ceil(numel_of[p] / g.world) for p in params) * b
         n_available += sum(numel_of[p] for p in params)
+        return transient
 
     for step in steps:
         if step.virtual or not zero_gather:
@@ -313,8 +327,11 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
             continue
         real_idx += 1
         need = [p for p, _ in step.params if p not in persistent]
-        launch([p for p in need if p not in avail and p not in group_of])
+        transient = launch([p for p in need if p not in avail and p not in group_of])
+        if staging and (transient or any(p in staged for p in need)):
+            points.append(Point(step.module + " (gather)", held() + transient, prev.level, prev.layer, False))
         for p in need:
+            staged.pop(p, None)  # waited for: the all-gather's input is released
             grp = group_of.pop(p, None)
             if grp is None:
                 continue
@@ -346,7 +363,9 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
                 if p not in avail and p not in group_of and p not in chosen:
                     chosen.append(p)
                     numel += numel_of[p]
-            launch(chosen)
+            transient = launch(chosen)
+            if transient:
+                points.append(Point(step.module + " (prefetch)", held() + transient, prev.level, prev.layer, False))
         points.append(Point(step.module, held(), step.level, step.layer, step.attention))
         prev = step
         if need:  # release after the forward, unless used again within max_reuse_distance or prefetched
@@ -412,18 +431,50 @@ def _params_numel(inv: Inventory) -> list[int]:
     return [p.numel for p in inv.params]
 
 
-def _tp_share(inv: Inventory, tp: int) -> int:
-    """Elements one AutoTP rank holds: linear layers, embedding and lm_head split; norms whole; a tied
-    lm_head gets its own slice."""
-    total = 0
-    for p in inv.params:
-        if p.kind in ("linear", "embedding", "lm_head") and len(p.shape) == 2:
-            total += math.ceil(p.numel / tp)
-        else:
-            total += p.numel
-    for alias, owner in inv.tied:
-        total += sum(math.ceil(p.numel / tp) for p in inv.params if p.module == owner)
-    return total
+TP_GRAIN = 64  # deepspeed.inference.config: tensor_parallel.tp_grain_size
+_ROW_PARALLEL = {"o_proj", "down_proj"}  # AutoTP's all-reduce linears split their input dimension
+
+
+def _tp_shard(total: int, tp: int, rank: int, kv_heads: int | None, name: str) -> int:
+    """The rows (or columns) ``rank`` gets of a dimension of ``total`` (module_inject/tp_shard.py:
+    get_shard_size): attention splits whole key/value heads; MLPs and the lm_head split in grains of 64,
+    the last rank taking the tail."""
+    mlp = "mlp" in name or _step_kind(name) in ("gate_proj", "up_proj", "down_proj")
+    if kv_heads and total % kv_heads == 0 and not mlp and not name.endswith(("lm_head", "embed_out")):
+        return total * (kv_heads // tp + (1 if rank < kv_heads % tp else 0)) // kv_heads
+    if total >= TP_GRAIN:
+        grains, tail = divmod(total, TP_GRAIN)
+        return (grains // tp + (1 if rank < grains % tp else 0)) * TP_GRAIN + (tail if rank == tp - 1 else 0)
+    return total // tp + (1 if rank < total % tp else 0)
+
+
+def _tp_share(inv: Inventory, tp: int, kv_heads: int | None = None) -> int:
+    """Elements the fullest AutoTP rank holds: decoder linears split (column-parallel on their outputs,
+    o_proj/down_proj on their inputs) and the lm_head on its input; norms whole; a tied lm_head gets its
+    own slice. The input embedding stays whole: AutoTP's default policies slice only modules inside the
+    decoder layers, plus the lm_head (``module_inject/auto_tp.py``: ``nn.Embedding`` is sliced only through
+    a ``partition_config``), and the embedding lies outside them."""
+    def rank_share(rank: int) -> int:
+        total = 0
+        for p in inv.params:
+            split = p.kind == "lm_head" or (p.kind == "linear" and p.layer is not None)
+            if not split or not p.shape:
+                total += p.numel
+                continue
+            rows = p.kind == "linear" and _step_kind(p.module) not in _ROW_PARALLEL
+            if len(p.shape) == 2:
+                dim = 0 if rows else 1
+                other = p.shape[1 - dim]
+                total += _tp_shard(p.shape[dim], tp, rank, kv_heads, p.module) * other
+            else:  # a bias: split with its column-parallel weight, whole after a row-parallel one
+                total += _tp_shard(p.numel, tp, rank, kv_heads, p.module) if rows else p.numel
+        for alias, owner in inv.tied:
+            for p in inv.params:
+                if p.module == owner and len(p.shape) == 2:
+                    total += _tp_shard(p.shape[1], tp, rank, kv_heads, alias) * p.shape[0]
+        return total
+
+    return max(rank_share(r) for r in range(tp))
 
 
 def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict, list]:
@@ -475,16 +526,18 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
     if name == "plain":
         resident = weights
     elif name == "tp":
-        resident = _tp_share(inv, tp) * b
+        resident = _tp_share(inv, tp, shape.kv_heads) * b
     else:
         shards = sum(math.ceil(k / world) for i, k in enumerate(numel_of)) * b
         resident = (0 if offload else shards) + persistent_bytes
     # load: building on the GPU (plain), slicing a host copy (tp), or zero.Init: every module is built
-    # whole on the GPU, then partitioned (to the host with offload)
+    # whole on the GPU, then partitioned (to the host with offload). A tied output layer is built too, with
+    # its own weight, and partitioned like the rest; only post_init's tying drops it, after everything else.
     load_peak = resident
     if zero3:
         done = 0
-        for k in numel_of:
+        untied = [p.numel for alias, owner in inv.tied for p in inv.params if p.module == owner]
+        for k in numel_of + untied:
             shard = math.ceil(k / world) * b
             load_peak = max(load_peak, done + k * b + (0 if offload else shard))
             done += 0 if offload else shard
