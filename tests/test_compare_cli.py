@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from dsdoctor.proctree import deepspeed_shm_files
 from tests.helpers import TINY_LLAMA, deepspeed_env, run_cli
 
 WEIGHT = "model.layers.0.self_attn.q_proj.weight"  # square (64 x 64): can be transposed in place
@@ -169,9 +170,11 @@ def test_compare_does_not_import_torch_before_it_runs():
 @pytest.mark.deepspeed
 def test_plain_zero3_and_tensor_parallel_loads_match(models, tmp_path):
     out = tmp_path / "cmp"
+    shm_before = deepspeed_shm_files()
     proc = run_cli("compare", models["ref"], "--paths", "plain,zero3,tp", "--gpus", "2", "--max-new-tokens", "8",
                    "--out", out, env=deepspeed_env(), timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert deepspeed_shm_files() - shm_before == set()  # the CPU ranks' shared memory is not left behind
     report = json.loads((out / "report.json").read_text())
     runs = {r["label"]: r for r in report["runs"]}
     assert runs["zero3"]["ok"] and runs["zero3"]["ranks"] == 2 and "--num_gpus" in runs["zero3"]["command"]

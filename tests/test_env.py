@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from tests.helpers import run_cli
 
 
@@ -20,3 +22,19 @@ def test_env_text_and_markdown_with_ops():
     assert "DeepSpeed ops that can build" in proc.stdout
     md = run_cli("env", "--format", "markdown", "--no-ops")
     assert md.stdout.startswith("|") and "| torch |" in md.stdout
+
+
+def test_env_reports_ram_held_by_leaked_deepspeed_shm(tmp_path):
+    import os
+    from pathlib import Path
+
+    leaked = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_2_0")
+    if not leaked.parent.is_dir():
+        pytest.skip("no /dev/shm")
+    leaked.write_bytes(b"\0" * 3 * 2**20)
+    try:
+        data = json.loads(run_cli("env", "--format", "json", "--no-ops").stdout)
+        assert data["leaked_shm_bytes"] >= 3 * 2**20
+        assert any("DeepSpeed CPU all-reduce workspace" in n and "rm /dev/shm/" in n for n in data["notes"])
+    finally:
+        leaked.unlink(missing_ok=True)

@@ -1,19 +1,21 @@
-"""The suite's own guards: what once ran CI past its limit must not come back."""
+"""Guards against what once ran CI past its limit: leaked DeepSpeed shared memory, orphaned ranks."""
 import mmap
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import DS_SHM_PREFIX, SHM, unlink_leaked_deepspeed_shm
+from dsdoctor.proctree import SHM_DIR, unlink_leaked_deepspeed_shm
 from tests.helpers import run_process
 
 
-@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm")
+@pytest.mark.skipif(not Path(SHM_DIR).is_dir(), reason="no /dev/shm")
 def test_leaked_deepspeed_shm_is_unlinked_and_a_mapped_one_is_kept():
-    live, dead = SHM / f"{DS_SHM_PREFIX}127.0.0.1_1_0", SHM / f"{DS_SHM_PREFIX}127.0.0.1_1_1"
+    prefix = Path(SHM_DIR) / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1"
+    live, dead = Path(f"{prefix}_0"), Path(f"{prefix}_1")
     for path in (live, dead):
         path.write_bytes(b"\0" * 8192)
     fd = os.open(live, os.O_RDWR)

@@ -11,6 +11,7 @@ from importlib import metadata
 
 from dsdoctor import __version__
 from dsdoctor.machine import Gpu, meminfo, nvidia_smi_gpus
+from dsdoctor.proctree import SHM_DIR, leaked_deepspeed_shm
 from dsdoctor.report.render import markdown_table
 from dsdoctor.units import human_bytes
 
@@ -32,6 +33,7 @@ class EnvResult:
     ds_accelerator: str | None = None
     ds_ops: dict[str, bool] = field(default_factory=dict)  # op name -> compatible (can JIT-build)
     ds_ops_error: str | None = None
+    leaked_shm_bytes: int = 0  # RAM held in /dev/shm by DeepSpeed CPU workspaces no process uses
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self, lang: str = "en") -> dict:
@@ -103,6 +105,13 @@ def env(check_ops: bool = True) -> EnvResult:
             result.notes.append(f"import torch failed: {type(exc).__name__}: {exc}")
     if not result.gpus:
         result.gpus = nvidia_smi_gpus(respect_visible=False)
+    leaked = leaked_deepspeed_shm()
+    if leaked:
+        result.leaked_shm_bytes = sum(leaked.values())
+        result.notes.append(
+            f"{len(leaked)} DeepSpeed CPU all-reduce workspace(s) that no process uses hold "
+            f"{human_bytes(result.leaked_shm_bytes)} of RAM in {SHM_DIR} (left by earlier CPU-accelerator runs); "
+            f"free them with: rm {SHM_DIR}/deepspeed_allreduce_buffer_{os.getuid()}_*")
     if check_ops and result.packages["deepspeed"]:
         _deepspeed_ops(result)
     return result
