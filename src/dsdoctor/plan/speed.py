@@ -4,7 +4,8 @@ and of ZeRO-3's hooks.
 A decode step must read every resident weight and the KV cache from HBM; ZeRO-3 must also all-gather
 every non-persistent parameter from the other ranks, and with offload copy each rank's shard from host
 memory (or NVMe) first. Gathers overlap compute only partly, so the slowest stream bounds the step.
-These are bounds with stated efficiencies, not measurements; ``bench/plan`` measures them.
+Bandwidths come with stated efficiencies; two per-call latencies are calibrated (below); ``bench/plan``
+measures the result.
 """
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ LINK_EFFICIENCY = 0.7
 UNPINNED_FACTOR = 0.35  # pageable host memory is staged through a pinned bounce buffer
 EAGER_LAYER_SECONDS = 0.5e-3  # kernel launches of one decoder layer in eager PyTorch
 STEP_SECONDS = 3e-3  # generate's per-token Python work
-ZERO3_MODULE_SECONDS = 60e-6  # ZeRO-3 pre/post forward hooks per module
-ALLREDUCE_SECONDS = 40e-6  # one small all-reduce (TP: two per layer)
+# Two latencies are calibrated, one H200 case each (bench/plan, 2 x H200 host; they are host-CPU bound, so
+# another machine will differ): ZeRO-3's fetch/release hooks per module, from llama-3b ZeRO-3 on one GPU
+# (nothing to gather: the hooks are the whole difference to plain), and one AutoTP all-reduce through
+# deepspeed.comm, from llama-8b tp on 2 GPUs at batch 1. They were 60 and 40 microseconds (guesses), which
+# made ZeRO-3 and tp 1.6-3.7x too fast; BENCHMARKS.md has the other 14 cases against them.
+ZERO3_MODULE_SECONDS = 0.38e-3
+ALLREDUCE_SECONDS = 0.4e-3
 PREFILL_MFU = 0.4
 
 
