@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from dsdoctor.proctree import terminate_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "src" / "dsdoctor" / "examples"
@@ -51,17 +52,14 @@ def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float 
 
     subprocess.run kills only the direct child on a timeout and then waits for EOF on the pipes, which
     DeepSpeed's rank processes (grandchildren) keep open: a hung launch would hang pytest for good. Here
-    the child leads its own process group, and a timeout kills the whole group before reading what is left.
+    a timeout ends the child's whole process tree (dsdoctor.proctree) before reading what is left.
     """
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        terminate_tree(proc, grace_s=2.0)  # ranks torchrun starts in sessions of their own too
         try:
             out, err = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # something outside the group still holds the pipes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsdoctor.proctree import SHM_DIR, unlink_leaked_deepspeed_shm
+from dsdoctor.proctree import SHM_DIR, alive, unlink_leaked_deepspeed_shm
 from tests.helpers import run_process
 
 
@@ -39,15 +39,7 @@ def test_timeout_ends_the_grandchildren_too():
         run_process([sys.executable, "-c", code], timeout=3)
     grandchild = int(err.value.output.split()[0])
     for _ in range(50):
-        if not _alive(grandchild):
+        if not alive(grandchild):
             break
         time.sleep(0.1)
-    assert not _alive(grandchild)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not alive(grandchild)

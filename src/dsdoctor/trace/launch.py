@@ -19,13 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
-from dsdoctor.proctree import (
-    deepspeed_shm_files,
-    process_tree,
-    signal_all,
-    terminate_tree,
-    unlink_leaked_deepspeed_shm,
-)
+from dsdoctor.proctree import no_leaked_deepspeed_shm, process_tree, signal_all, terminate_tree
 from dsdoctor.trace.observer import recorder
 
 OBSERVER_DIR = Path(__file__).resolve().parent / "observer"
@@ -84,12 +78,16 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
     """Run ``command`` observed; its output goes to ``echo`` (stderr by default) and ``log_path``."""
     if not command:
         raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
+    with no_leaked_deepspeed_shm():
+        return _run_observed(command, trace_dir, variant, timeout, log_path, echo)
+
+
+def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) -> RunOutcome:
     trace_dir.mkdir(parents=True, exist_ok=True)
     echo = sys.stderr if echo is None else echo
     tail: collections.deque[str] = collections.deque(maxlen=200)
     log = open(log_path, "w", encoding="utf-8") if log_path else None
     start = time.time()
-    shm_before = deepspeed_shm_files()
     try:
         proc = subprocess.Popen(command, env=observed_env(trace_dir, variant), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -133,7 +131,6 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
         reader.join(timeout=5)
         if log:
             log.close()
-        unlink_leaked_deepspeed_shm(deepspeed_shm_files() - shm_before)  # what DeepSpeed's CPU ranks left
     if timed_out:  # anything of the run's own process group that escaped the tree walk
         try:
             os.killpg(proc.pid, signal.SIGKILL)
