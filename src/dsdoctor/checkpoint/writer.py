@@ -2,25 +2,30 @@
 
 The safetensors layout is simple (8-byte little-endian header length, JSON header, raw little-endian
 data), and every shape is known before a byte is read, so each shard's header is written first and the
-tensors are then streamed piece by piece: same-dtype pieces are copied file-to-file in the kernel
-(``os.copy_file_range``), others are converted in bounded chunks. Memory stays at one chunk, whatever the
-model size. Files written here are read back by ``safetensors`` and ``transformers`` in the tests.
+tensors are then streamed piece by piece through one bounded buffer: same-dtype pieces are copied, others
+converted. Every byte read also feeds the CRC-32 of the zip record it came from, and a record whose CRC
+does not match what its zip declares stops the merge (exit 2, file and record named) before the output is
+renamed into place: a flipped byte never reaches the weights. Memory stays at one chunk, whatever the model
+size. Files written here are read back by ``safetensors`` and ``transformers`` in the tests.
 """
 from __future__ import annotations
 
 import json
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.checkpoint.plan import Piece, TensorPlan
-from dsdoctor.checkpoint.unpickle import FLOAT_DTYPES, SAFETENSORS_DTYPES
+from dsdoctor.checkpoint.unpickle import FLOAT_DTYPES, SAFETENSORS_DTYPES, TensorRef
 from dsdoctor.errors import InputError
+from dsdoctor.fsutil import open_regular, printable
 
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1}
 CHUNK_ELEMENTS = 8 * 1024 * 1024  # per conversion step: 32 MiB of fp32 in, at most that out
+COPY_BYTES = 32 * 1024 * 1024  # per copy step
 INDEX_NAME = "model.safetensors.index.json"
 
 
@@ -77,7 +82,7 @@ class _Sources:
 
     def fd(self, path: str) -> int:
         if path not in self.fds:
-            self.fds[path] = os.open(path, os.O_RDONLY)
+            self.fds[path] = open_regular(path, "checkpoint file")
         return self.fds[path]
 
     def close(self):
@@ -93,34 +98,103 @@ def _pread_exact(fd: int, length: int, offset: int, path: str) -> bytes:
     return data
 
 
+class RecordCrcs:
+    """The running CRC-32 of every zip record the merge reads, fed in whatever order pieces are read.
+
+    Each record keeps a cursor: bytes before it are already in the CRC. A read past the cursor first reads
+    the gap (padding between partitions, skipped elements); a read behind it (a tied weight written twice)
+    adds nothing. When the cursor reaches the record's end the CRC is compared with the zip's; ``finish``
+    reads what no tensor needed and checks the records not yet complete."""
+
+    def __init__(self, sources: _Sources):
+        self.sources = sources
+        self.state: dict[tuple[str, int], list] = {}  # (path, record offset) -> [cursor, crc, ref]
+        self.checked = 0
+
+    def feed(self, ref: TensorRef, offset: int, view) -> None:
+        if ref.record_crc is None:
+            return
+        st = self.state.get((ref.path, ref.data_offset))
+        if st is None:
+            st = self.state[(ref.path, ref.data_offset)] = [ref.data_offset, 0, ref]
+        end = ref.data_offset + ref.record_size
+        stop = min(offset + len(view), end)
+        if stop <= st[0]:
+            return
+        if offset > st[0]:
+            self._fill(st, offset)
+        st[1] = zlib.crc32(view[st[0] - offset:stop - offset], st[1])
+        st[0] = stop
+        if stop == end:
+            self._check(st)
+
+    def _fill(self, st: list, upto: int) -> None:
+        ref = st[2]
+        fd = self.sources.fd(ref.path)
+        while st[0] < upto:
+            step = min(upto - st[0], COPY_BYTES)
+            data = _pread_exact(fd, step, st[0], ref.path)
+            st[1] = zlib.crc32(data, st[1])
+            st[0] += step
+
+    def _check(self, st: list) -> None:
+        ref = st[2]
+        self.checked += 1
+        if st[1] != ref.record_crc:
+            raise InputError(f"corrupt: CRC-32 mismatch in zip record data/{printable(ref.storage.key)} "
+                             f"(crc {st[1]:08x}, the zip says {ref.record_crc:08x}): the bytes on disk are not "
+                             "the bytes torch.save wrote; nothing was written", path=ref.path,
+                             hint="copy the file again from where it was saved, or merge another tag")
+
+    def finish(self) -> None:
+        for st in self.state.values():
+            end = st[2].data_offset + st[2].record_size
+            if st[0] < end:
+                self._fill(st, end)
+                self._check(st)
+
+
 class _Copier:
-    def __init__(self, out_fd: int, sources: _Sources, on_bytes):
+    def __init__(self, out_fd: int, sources: _Sources, on_bytes, crcs: RecordCrcs):
         self.out_fd = out_fd
         self.sources = sources
         self.on_bytes = on_bytes
+        self.crcs = crcs
         self.kernel_copy = hasattr(os, "copy_file_range")
         self._in = self._out = None
+        self._buf = None
 
     def copy(self, piece: Piece):
         offset, length = piece.ref.byte_range(piece.start, piece.count)
         src = self.sources.fd(piece.ref.path)
-        while length > 0:
+        if piece.ref.record_crc is not None or not self.kernel_copy:
+            return self._copy_checked(piece, src, offset, length)
+        while length > 0:  # saved without CRCs: nothing to check, copy in the kernel
             step = min(length, 256 * 1024 * 1024)
-            done = 0
-            if self.kernel_copy:
-                try:
-                    done = os.copy_file_range(src, self.out_fd, step, offset)
-                except OSError:
-                    self.kernel_copy = False
-            if not self.kernel_copy:
-                data = _pread_exact(src, step, offset, piece.ref.path)
-                _write_all(self.out_fd, data)
-                done = len(data)
+            try:
+                done = os.copy_file_range(src, self.out_fd, step, offset)
+            except OSError:
+                self.kernel_copy = False
+                return self._copy_checked(piece, src, offset, length)
             if done <= 0:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
             offset += done
             length -= done
             self.on_bytes(done)
+
+    def _copy_checked(self, piece: Piece, src: int, offset: int, length: int):
+        if self._buf is None:
+            self._buf = memoryview(bytearray(COPY_BYTES))
+        while length > 0:
+            step = min(length, COPY_BYTES)
+            view = self._buf[:step]
+            if os.preadv(src, [view], offset) != step:
+                raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
+            self.crcs.feed(piece.ref, offset, view)
+            _write_all(self.out_fd, view)
+            offset += step
+            length -= step
+            self.on_bytes(step)
 
     def convert(self, piece: Piece, out_dtype: str):
         import torch
@@ -138,6 +212,7 @@ class _Copier:
             view = memoryview(self._in)[:length]
             if os.preadv(src, [view], offset) != length:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
+            self.crcs.feed(piece.ref, offset, view)
             out = self._out[: n * ITEMSIZE[out_dtype]].view(dst_dtype)
             out.copy_(torch.frombuffer(self._in, dtype=src_dtype, count=n))
             _write_all(self.out_fd, out.view(torch.uint8).numpy())
@@ -153,11 +228,11 @@ def _write_all(fd: int, buf) -> None:
         view = view[written:]
 
 
-def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crcs: RecordCrcs) -> int:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
     try:
         _write_all(fd, _header(tensors, {"format": "pt"}))
-        copier = _Copier(fd, sources, on_bytes)
+        copier = _Copier(fd, sources, on_bytes, crcs)
         for t in tensors:
             for piece in t.plan.pieces:
                 if piece.ref.dtype == t.dtype:
@@ -177,13 +252,15 @@ def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, ext
     names = shard_names(len(shards))
     weight_map: dict[str, str] = {}
     sources = _Sources()
+    crcs = RecordCrcs(sources)
     total = 0
     try:
         for name, shard in zip(names, shards):
-            write_shard(out_dir / name, shard, sources, on_bytes)
+            write_shard(out_dir / name, shard, sources, on_bytes, crcs)
             for t in shard:
                 weight_map[t.name] = name
                 total += t.nbytes
+        crcs.finish()
     finally:
         sources.close()
     index = {"metadata": {"total_size": total, **extra_metadata}, "weight_map": weight_map}
