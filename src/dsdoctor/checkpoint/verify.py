@@ -144,8 +144,6 @@ def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
 
 def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
     """Check merged weights in ``out_dir`` against the model whose config is in ``model``."""
-    import torch
-
     weights = index_weights(out_dir)
     config = _load_config(model)
     try:
