@@ -195,8 +195,6 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     if max_bytes <= 0:
         raise InputError("--max-shard-size must be positive")
     out = Path(out_dir)
-    check_output_path(out, force)
-
     layout = find_layout(ckpt_dir, tag)
     cfg_dir, searched = _config_dir(model, layout.root)
     inputs = [layout.root, layout.tag_dir, cfg_dir, *layout.optim_files, *layout.model_files]

@@ -154,15 +154,49 @@ class RecordCrcs:
                 self._check(st)
 
 
+class _CrcWorker:
+    """Runs ``RecordCrcs.feed`` on one background thread, one chunk at a time and in order, so the CRC of a
+    chunk is computed while the chunk is written and the next one is read (zlib, preadv and write all release
+    the GIL). The caller waits (``sync``) before it reuses the buffer of the pending chunk."""
+
+    def __init__(self, crcs: RecordCrcs):
+        self.crcs = crcs
+        self.pool = None
+        self.pending = None
+        self.bufs = None  # the copy buffers, shared by every shard
+        self.turn = 0
+
+    def submit(self, ref: TensorRef, offset: int, view) -> None:
+        self.sync()
+        if ref.record_crc is None:
+            return
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="dsdoctor-crc")
+        self.pending = self.pool.submit(self.crcs.feed, ref, offset, view)
+
+    def sync(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()  # raises the CRC mismatch, if any
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+
+
 class _Copier:
-    def __init__(self, out_fd: int, sources: _Sources, on_bytes, crcs: RecordCrcs):
+    def __init__(self, out_fd: int, sources: _Sources, on_bytes, crc: _CrcWorker):
         self.out_fd = out_fd
         self.sources = sources
         self.on_bytes = on_bytes
-        self.crcs = crcs
+        self.crc = crc
         self.kernel_copy = hasattr(os, "copy_file_range")
         self._in = self._out = None
-        self._buf = None
 
     def copy(self, piece: Piece):
         offset, length = piece.ref.byte_range(piece.start, piece.count)
@@ -183,14 +217,16 @@ class _Copier:
             self.on_bytes(done)
 
     def _copy_checked(self, piece: Piece, src: int, offset: int, length: int):
-        if self._buf is None:
-            self._buf = memoryview(bytearray(COPY_BYTES))
+        pipe = self.crc
+        if pipe.bufs is None:  # two buffers: one read and written while the other's CRC is computed
+            pipe.bufs = (memoryview(bytearray(COPY_BYTES)), memoryview(bytearray(COPY_BYTES)))
         while length > 0:
             step = min(length, COPY_BYTES)
-            view = self._buf[:step]
+            pipe.turn ^= 1
+            view = pipe.bufs[pipe.turn][:step]  # the pending CRC, if any, reads the other buffer
             if os.preadv(src, [view], offset) != step:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
-            self.crcs.feed(piece.ref, offset, view)
+            self.crc.submit(piece.ref, offset, view)
             _write_all(self.out_fd, view)
             offset += step
             length -= step
@@ -210,9 +246,10 @@ class _Copier:
             n = min(left, CHUNK_ELEMENTS)
             offset, length = piece.ref.byte_range(start, n)
             view = memoryview(self._in)[:length]
+            self.crc.sync()  # the pending CRC may still read self._in
             if os.preadv(src, [view], offset) != length:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
-            self.crcs.feed(piece.ref, offset, view)
+            self.crc.submit(piece.ref, offset, view)
             out = self._out[: n * ITEMSIZE[out_dtype]].view(dst_dtype)
             out.copy_(torch.frombuffer(self._in, dtype=src_dtype, count=n))
             _write_all(self.out_fd, out.view(torch.uint8).numpy())
@@ -228,11 +265,11 @@ def _write_all(fd: int, buf) -> None:
         view = view[written:]
 
 
-def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crcs: RecordCrcs) -> int:
+def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crc: _CrcWorker) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
     try:
         _write_all(fd, _header(tensors, {"format": "pt"}))
-        copier = _Copier(fd, sources, on_bytes, crcs)
+        copier = _Copier(fd, sources, on_bytes, crc)
         for t in tensors:
             for piece in t.plan.pieces:
                 if piece.ref.dtype == t.dtype:
@@ -253,13 +290,17 @@ def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, ext
     weight_map: dict[str, str] = {}
     sources = _Sources()
     crcs = RecordCrcs(sources)
+    crc = _CrcWorker(crcs)
     total = 0
     try:
-        for name, shard in zip(names, shards):
-            write_shard(out_dir / name, shard, sources, on_bytes, crcs)
-            for t in shard:
-                weight_map[t.name] = name
-                total += t.nbytes
+        try:
+            for name, shard in zip(names, shards):
+                write_shard(out_dir / name, shard, sources, on_bytes, crc)
+                for t in shard:
+                    weight_map[t.name] = name
+                    total += t.nbytes
+        finally:
+            crc.close()
         crcs.finish()
     finally:
         sources.close()
