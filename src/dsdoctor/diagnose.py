@@ -313,7 +313,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         raise InputError("diagnose needs --model (a local model directory or its config.json)")
     out = Path(out)
     steps: list[Step] = []
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         step, _ = _step_effective(config, model, gpus, lang)
         steps.append(step)
         # plan before running anything: bad workload flags must fail before the user's command has run

@@ -65,8 +65,7 @@ def find_tag_dir(ckpt_dir, tag: str | None = None) -> tuple[Path, str, Path]:
         source = "`latest`"
     tag_dir = _inside(root, tag, source)
     if not tag_dir.is_dir():
-        raise InputError(f"tag {printable(repr(tag))} has no directory", path=root / tag if "\x00" not in tag else root,
-                         hint=found)
+        raise InputError(f"tag {printable(repr(tag))} has no directory", path=root, hint=found)
     return root, tag, tag_dir
 
 

@@ -2,8 +2,10 @@
 
 The safetensors layout is simple (8-byte little-endian header length, JSON header, raw little-endian
 data), and every shape is known before a byte is read, so each shard's header is written first and the
-tensors are then streamed piece by piece through one bounded buffer: same-dtype pieces are copied, others
-converted. Every byte read also feeds the CRC-32 of the zip record it came from, and a record whose CRC
+tensors are then streamed piece by piece: same-dtype pieces are copied file-to-file in the kernel
+(``os.copy_file_range``), others are converted in bounded chunks. Every byte read also feeds the CRC-32 of
+the zip record it came from (read from the page cache through a read-only mapping, on a worker thread,
+while the next piece is copied), and a record whose CRC
 does not match what its zip declares stops the merge (exit 2, file and record named) before the output is
 renamed into place: a flipped byte never reaches the weights. Memory stays at one chunk, whatever the model
 size. Files written here are read back by ``safetensors`` and ``transformers`` in the tests.
@@ -79,13 +81,29 @@ class _Sources:
 
     def __init__(self):
         self.fds: dict[str, int] = {}
+        self.maps: dict[str, object] = {}
 
     def fd(self, path: str) -> int:
         if path not in self.fds:
             self.fds[path] = open_regular(path, "checkpoint file")
         return self.fds[path]
 
+    def view(self, path: str) -> memoryview:
+        """The file mapped read-only: the CRC reads the page cache the kernel copy just filled, with no
+        copy of its own."""
+        if path not in self.maps:
+            import mmap
+
+            self.maps[path] = mmap.mmap(self.fd(path), 0, access=mmap.ACCESS_READ)
+        return memoryview(self.maps[path])
+
     def close(self):
+        for m in self.maps.values():
+            try:
+                m.close()
+            except BufferError:  # a view is still referenced somewhere: the collector unmaps it
+                pass
+        self.maps.clear()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
@@ -98,6 +116,62 @@ def _pread_exact(fd: int, length: int, offset: int, path: str) -> bytes:
     return data
 
 
+CRC_PARTS = 4  # a chunk's CRC-32 is computed in this many parts at once, then combined
+CRC_PART_MIN = 2 * 1024 * 1024
+
+
+def _gf2_times(mat: list[int], vec: int) -> int:
+    total, i = 0, 0
+    while vec:
+        if vec & 1:
+            total ^= mat[i]
+        vec >>= 1
+        i += 1
+    return total
+
+
+_SHIFT_OPS: dict[int, list[int]] = {}
+
+
+def _shift_op(nbytes: int) -> list[int]:
+    """The GF(2) matrix that advances a CRC-32 register over ``nbytes`` zero bytes (zlib's crc32_combine,
+    with the operator kept: merge chunks have a handful of lengths)."""
+    op = _SHIFT_OPS.get(nbytes)
+    if op is None:
+        power = [0xEDB88320] + [1 << n for n in range(31)]  # one zero bit
+        for _ in range(3):  # -> one zero byte
+            power = [_gf2_times(power, c) for c in power]
+        op, n = [1 << i for i in range(32)], nbytes
+        while n:
+            if n & 1:
+                op = [_gf2_times(power, c) for c in op]
+            n >>= 1
+            if n:
+                power = [_gf2_times(power, c) for c in power]
+        if len(_SHIFT_OPS) < 64:
+            _SHIFT_OPS[nbytes] = op
+    return op
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC-32 of A+B from crc(A), crc(B) and len(B)."""
+    return _gf2_times(_shift_op(len2), crc1) ^ crc2 if len2 else crc1
+
+
+def crc32(data, value: int = 0, pool=None) -> int:
+    """zlib.crc32, in CRC_PARTS parts on ``pool``'s threads when the data is large (zlib releases the GIL)."""
+    n = len(data)
+    if pool is None or n < CRC_PARTS * CRC_PART_MIN:
+        return zlib.crc32(data, value)
+    size = -(-n // CRC_PARTS)
+    parts = [data[i:i + size] for i in range(0, n, size)]
+    futures = [pool.submit(zlib.crc32, part) for part in parts[1:]]
+    value = zlib.crc32(parts[0], value)
+    for part, future in zip(parts[1:], futures):
+        value = crc32_combine(value, future.result(), len(part))
+    return value
+
+
 class RecordCrcs:
     """The running CRC-32 of every zip record the merge reads, fed in whatever order pieces are read.
 
@@ -106,8 +180,9 @@ class RecordCrcs:
     adds nothing. When the cursor reaches the record's end the CRC is compared with the zip's; ``finish``
     reads what no tensor needed and checks the records not yet complete."""
 
-    def __init__(self, sources: _Sources):
+    def __init__(self, sources: _Sources, pool=None):
         self.sources = sources
+        self.pool = pool  # threads for the parts of a large CRC
         self.state: dict[tuple[str, int], list] = {}  # (path, record offset) -> [cursor, crc, ref]
         self.checked = 0
 
@@ -123,7 +198,7 @@ class RecordCrcs:
             return
         if offset > st[0]:
             self._fill(st, offset)
-        st[1] = zlib.crc32(view[st[0] - offset:stop - offset], st[1])
+        st[1] = crc32(view[st[0] - offset:stop - offset], st[1], self.pool)
         st[0] = stop
         if stop == end:
             self._check(st)
@@ -134,7 +209,7 @@ class RecordCrcs:
         while st[0] < upto:
             step = min(upto - st[0], COPY_BYTES)
             data = _pread_exact(fd, step, st[0], ref.path)
-            st[1] = zlib.crc32(data, st[1])
+            st[1] = crc32(data, st[1], self.pool)
             st[0] += step
 
     def _check(self, st: list) -> None:
@@ -174,6 +249,7 @@ class _CrcWorker:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="dsdoctor-crc")
+            self.crcs.pool = ThreadPoolExecutor(CRC_PARTS - 1, thread_name_prefix="dsdoctor-crc-part")
         self.pending = self.pool.submit(self.crcs.feed, ref, offset, view)
 
     def sync(self) -> None:
@@ -187,6 +263,9 @@ class _CrcWorker:
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
+            if self.crcs.pool is not None:
+                self.crcs.pool.shutdown(wait=True)
+                self.crcs.pool = None
 
 
 class _Copier:
@@ -201,10 +280,12 @@ class _Copier:
     def copy(self, piece: Piece):
         offset, length = piece.ref.byte_range(piece.start, piece.count)
         src = self.sources.fd(piece.ref.path)
-        if piece.ref.record_crc is not None or not self.kernel_copy:
+        if not self.kernel_copy:
             return self._copy_checked(piece, src, offset, length)
-        while length > 0:  # saved without CRCs: nothing to check, copy in the kernel
-            step = min(length, 256 * 1024 * 1024)
+        checked = piece.ref.record_crc is not None
+        mapped = self.sources.view(piece.ref.path) if checked else None
+        while length > 0:  # copied in the kernel; the CRC of each step runs beside the next step's copy
+            step = min(length, COPY_BYTES)
             try:
                 done = os.copy_file_range(src, self.out_fd, step, offset)
             except OSError:
@@ -212,6 +293,8 @@ class _Copier:
                 return self._copy_checked(piece, src, offset, length)
             if done <= 0:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
+            if checked:
+                self.crc.submit(piece.ref, offset, mapped[offset:offset + done])
             offset += done
             length -= done
             self.on_bytes(done)

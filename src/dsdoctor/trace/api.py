@@ -68,7 +68,7 @@ def trace(command: list[str], out: str | None = None, timeout: float | None = No
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dsdoctor-trace-") as tmp:
             return _trace_into(Path(tmp), command, None, timeout, echo, lang, None)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, command="trace") as tmp:
         return _trace_into(Path(tmp), command, None, timeout, echo, lang, str(out))
 
 
@@ -103,5 +103,5 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
             return run_all(Path(tmp), None)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, command="ab") as tmp:
         return run_all(Path(tmp), str(out))
