@@ -428,3 +428,61 @@ def test_verify_cli_names_a_malformed_header(tmp_path):
     f = _safetensors(tmp_path / "model.safetensors", {"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8)
     proc = run_cli("verify", tmp_path, "--model", tmp_path)
     assert proc.returncode == 2 and str(f) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---- the CRC-32 check on synthetic ZeRO-3 checkpoints (no DeepSpeed launch) -------------------------------------
+
+def _synthetic(tmp_path: Path, crc: bool = True) -> tuple[Path, dict]:
+    import torch
+
+    from tests.test_checkpoint_rebuild import write_zero3
+
+    params = {"a": torch.randn(300, 7, generator=torch.Generator().manual_seed(1)), "b": torch.randn(5)}
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(crc)
+    try:
+        write_zero3(tmp_path / "ckpt" / "global_step1", params, world=2, groups=1)
+    finally:
+        torch.serialization.set_crc32_options(previous)
+    return tmp_path / "ckpt", params
+
+
+def test_crc_mismatch_in_any_record_stops_the_merge(tmp_path):
+    ckpt, _ = _synthetic(tmp_path)
+    victim = _tag(ckpt) / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    ref = unpickle.load(victim)["optimizer_state_dict"]["fp32_flat_groups"][0]
+    data = bytearray(victim.read_bytes())
+    data[ref.data_offset + ref.record_size - 1] ^= 0x40  # the last byte: padding no tensor reads
+    victim.write_bytes(bytes(data))
+    for dtype in ("fp32", "bf16"):  # kernel copy and conversion paths
+        with pytest.raises(InputError, match=f"CRC-32 mismatch in zip record data/{ref.storage.key}") as err:
+            merge(ckpt, tmp_path / "out", dtype=dtype, progress=False)
+        assert str(victim) in str(err.value)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_checkpoint_saved_without_crcs_merges_with_a_note(tmp_path):
+    import torch
+
+    ckpt, params = _synthetic(tmp_path, crc=False)
+    result = merge(ckpt, tmp_path / "out", progress=False)
+    assert [f.code for f in result.findings] == ["DSD416", "DSD410"]  # and no config.json near it
+    got = read_merged(tmp_path / "out")
+    assert all(torch.equal(got[k], v) for k, v in params.items())
+
+
+def test_crc32_in_parts_equals_zlib():
+    import random
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dsdoctor.checkpoint.writer import crc32, crc32_combine
+
+    rng = random.Random(0)
+    with ThreadPoolExecutor(3) as pool:
+        for n in (0, 1, 4095, 9 * 2**20 + 3):
+            data = rng.randbytes(n)
+            start = rng.randrange(2**32)
+            assert crc32(memoryview(data), start, pool) == zlib.crc32(data, start)
+            cut = rng.randrange(n + 1)
+            assert crc32_combine(zlib.crc32(data[:cut]), zlib.crc32(data[cut:]), n - cut) == zlib.crc32(data)
