@@ -81,29 +81,13 @@ class _Sources:
 
     def __init__(self):
         self.fds: dict[str, int] = {}
-        self.maps: dict[str, object] = {}
 
     def fd(self, path: str) -> int:
         if path not in self.fds:
             self.fds[path] = open_regular(path, "checkpoint file")
         return self.fds[path]
 
-    def view(self, path: str) -> memoryview:
-        """The file mapped read-only: the CRC reads the page cache the kernel copy just filled, with no
-        copy of its own."""
-        if path not in self.maps:
-            import mmap
-
-            self.maps[path] = mmap.mmap(self.fd(path), 0, access=mmap.ACCESS_READ)
-        return memoryview(self.maps[path])
-
     def close(self):
-        for m in self.maps.values():
-            try:
-                m.close()
-            except BufferError:  # a view is still referenced somewhere: the collector unmaps it
-                pass
-        self.maps.clear()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
@@ -229,6 +213,21 @@ class RecordCrcs:
                 self._check(st)
 
 
+def _feed_mapped(crcs: RecordCrcs, ref: TensorRef, fd: int, offset: int, length: int) -> None:
+    import mmap
+
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    mapped = mmap.mmap(fd, length + offset - start, offset=start, access=mmap.ACCESS_READ)
+    try:
+        with memoryview(mapped) as whole, whole[offset - start:] as view:
+            crcs.feed(ref, offset, view)
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a slice is still referenced: the collector unmaps it
+            pass
+
+
 class _CrcWorker:
     """Runs ``RecordCrcs.feed`` on one background thread, one chunk at a time and in order, so the CRC of a
     chunk is computed while the chunk is written and the next one is read (zlib, preadv and write all release
@@ -242,15 +241,24 @@ class _CrcWorker:
         self.turn = 0
 
     def submit(self, ref: TensorRef, offset: int, view) -> None:
+        if ref.record_crc is not None:
+            self._submit(self.crcs.feed, ref, offset, view)
+
+    def submit_mapped(self, ref: TensorRef, fd: int, offset: int, length: int) -> None:
+        """The CRC of a range the kernel just copied, read through a read-only mapping of that range only:
+        the page cache the copy filled, with no copy of its own, and no more than one range mapped (the
+        peak RSS stays at a chunk)."""
+        if ref.record_crc is not None:
+            self._submit(_feed_mapped, self.crcs, ref, fd, offset, length)
+
+    def _submit(self, fn, *args) -> None:
         self.sync()
-        if ref.record_crc is None:
-            return
         if self.pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="dsdoctor-crc")
             self.crcs.pool = ThreadPoolExecutor(CRC_PARTS - 1, thread_name_prefix="dsdoctor-crc-part")
-        self.pending = self.pool.submit(self.crcs.feed, ref, offset, view)
+        self.pending = self.pool.submit(fn, *args)
 
     def sync(self) -> None:
         if self.pending is not None:
@@ -283,7 +291,6 @@ class _Copier:
         if not self.kernel_copy:
             return self._copy_checked(piece, src, offset, length)
         checked = piece.ref.record_crc is not None
-        mapped = self.sources.view(piece.ref.path) if checked else None
         while length > 0:  # copied in the kernel; the CRC of each step runs beside the next step's copy
             step = min(length, COPY_BYTES)
             try:
@@ -294,7 +301,7 @@ class _Copier:
             if done <= 0:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
             if checked:
-                self.crc.submit(piece.ref, offset, mapped[offset:offset + done])
+                self.crc.submit_mapped(piece.ref, src, offset, done)
             offset += done
             length -= done
             self.on_bytes(done)
