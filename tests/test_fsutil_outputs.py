@@ -243,3 +243,32 @@ def test_signal_handlers_are_restored(tmp_path):
 def test_printable_escapes_control_characters():
     assert fsutil.printable("a\nb\x1b[31mc\x00") == "a\\nb\\x1b[31mc\\x00"
     assert fsutil.printable("合并") == "合并"
+
+
+PAUSED_DIAGNOSE = textwrap.dedent("""
+    # the real `dsdoctor diagnose`, paused after its first step (before any trace) until stdin has a line
+    import sys
+    from dsdoctor import diagnose as d
+    from dsdoctor.cli.main import main
+    real = d._step_effective
+    def paused(*args, **kwargs):
+        out = real(*args, **kwargs)
+        print("PAUSED", flush=True)
+        sys.stdin.readline()
+        return out
+    d._step_effective = paused
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_diagnose_interrupted_before_its_trace_step_leaves_nothing(tmp_path, sig):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_DIAGNOSE, "diagnose", "--out", str(tmp_path / "diag")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "PAUSED", proc.stderr.read()
+    assert any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and f"interrupted by {sig.name}" in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
