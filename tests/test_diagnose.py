@@ -25,6 +25,22 @@ def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"]
 
 
+def test_diagnose_reads_the_config_once(tmp_path, monkeypatch):
+    import dsdoctor.config.check
+    import dsdoctor.config.load
+    import dsdoctor.config.split
+    import dsdoctor.plan.ds_knobs
+    from dsdoctor.diagnose import diagnose
+
+    calls = []
+    real = dsdoctor.config.load.load_config
+    for module in (dsdoctor.config.load, dsdoctor.config.check, dsdoctor.config.split, dsdoctor.plan.ds_knobs):
+        monkeypatch.setattr(module, "load_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    result = diagnose(out=tmp_path / "d", gpus=1, gpu_memory="80GB", host_memory="256GB")
+    assert len(calls) == 1
+    assert [s.key for s in result.steps] == ["effective", "need-zero3", "split", "ab", "exit"]
+
+
 def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path):
     out = tmp_path / "diag"
     out.mkdir()

@@ -313,16 +313,19 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         raise InputError("diagnose needs --model (a local model directory or its config.json)")
     out = Path(out)
     steps: list[Step] = []
+    from dsdoctor.config.load import load_config
+
+    loaded = load_config(config)  # read once: check, plan and split share it (and its effective readings)
     with atomic_output_dir(out, force=force) as tmp:
-        step, _ = _step_effective(config, model, gpus, lang)
+        step, _ = _step_effective(loaded, model, gpus, lang)
         steps.append(step)
         # plan before running anything: bad workload flags must fail before the user's command has run
-        plan_step, plan_result = _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len,
+        plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, batch, prompt_len,
                                             new_tokens, dtype, tmp, lang)
         if command:
             steps.append(_step_trace(command, tmp, timeout, lang))
         steps.append(plan_step)
-        steps.append(_step_split(config, model, tmp, out, lang))
+        steps.append(_step_split(loaded, model, tmp, out, lang))
         if command and _cuda_available():
             steps.append(_step_ab(command, tmp, timeout, lang))
         else:

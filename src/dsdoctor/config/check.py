@@ -163,15 +163,8 @@ def check(config, mode: str = "inference", model: str | os.PathLike | None = Non
 
 
 def read_both(loaded: LoadedConfig, spec: ModelSpec | None) -> tuple[Effective, Effective]:
-    """Both readings, with the file named in any error."""
-    try:
-        eff = effective_settings(loaded.raw, "deepspeed")
-        hf = effective_settings(loaded.raw, "hf-trainer", hidden_size=spec.hidden_size if spec else None)
-    except InputError as exc:
-        if exc.path is None:
-            raise InputError(exc.problem, path=loaded.ref_path or loaded.path, hint=exc.hint) from None
-        raise
-    return eff, hf
+    """Both readings (cached on ``loaded``), with the file named in any error."""
+    return loaded.effective("deepspeed"), loaded.effective("hf-trainer", spec.hidden_size if spec else None)
 
 
 def _model_summary(spec: ModelSpec | None) -> dict | None:

@@ -44,10 +44,26 @@ class LoadedConfig:
     num_processes: int | None = None  # accelerate YAML: how many ranks it launches
     mixed_precision: str | None = None  # accelerate YAML / trainer YAML: "bf16", "fp16", "no"
     notes: list[str] = field(default_factory=list)
+    _readings: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.path or "<dict>"
+
+    def effective(self, filler: str = "deepspeed", hidden_size: int | None = None):
+        """``effective_settings`` of this config, read once per (filler, hidden_size) and shared by every
+        caller (check, split, plan), with the file named in any error. Callers must not mutate it."""
+        key = (filler, hidden_size if filler == "hf-trainer" else None)
+        if key not in self._readings:
+            from dsdoctor.config.effective import effective_settings
+
+            try:
+                self._readings[key] = effective_settings(self.raw, filler, hidden_size=key[1])
+            except InputError as exc:
+                if exc.path is None:
+                    raise InputError(exc.problem, path=self.ref_path or self.path, hint=exc.hint) from None
+                raise
+        return self._readings[key]
 
     def to_dict(self) -> dict:
         return {

@@ -218,6 +218,6 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
                                         fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
     atomic_write_text(out_path, text, force=force)
-    findings = check(new, mode="inference", model=model).findings
+    findings = check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference", model=model).findings
     return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
                        changes=changes, diff=diff, findings=findings)

@@ -95,6 +95,8 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
          gpu_name: str | None = None) -> PlanResult:
+    """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
