@@ -154,7 +154,7 @@ def test_help_has_examples_and_findings_are_explained():
     assert proc.returncode == 0 and "examples:" in proc.stdout and "--paths plain,zero3,tp" in proc.stdout
     for code in ("DSD501", "DSD502", "DSD503", "DSD504", "DSD505", "DSD506"):
         text = run_cli("explain", code, "--lang", "zh")
-        assert text.returncode == 0 and "改用" in text.stdout, code
+        assert text.returncode == 0 and "应改为" in text.stdout, code
 
 
 def test_compare_does_not_import_torch_before_it_runs():

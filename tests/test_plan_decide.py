@@ -172,7 +172,7 @@ def test_plan_config_reads_reuse_distance_and_nvme_buffers(tmp_path, llama70):
     assert (k.max_reuse_distance, k.nvme_buffer_count, k.nvme_buffer_size) == (0, 2, 300_000_000)
     assert k.offload_param == "nvme" and k.source == str(path)
     r = _plan(llama70, 1, config=path)
-    assert r.knobs["max_reuse_distance"] == 0 and r.knobs["nvme_buffer_count"] == 2
+    assert r.knobs.max_reuse_distance == 0 and r.knobs.nvme_buffer_count == 2
     default = _plan(llama70, 1, config={"zero_optimization": {"stage": 3, "offload_param": {
         "device": "nvme", "nvme_path": "/nvme"}}})
     buffers = r.path("zero3-offload-nvme").host_breakdown["nvme_swap_buffers_pinned"]
@@ -187,7 +187,7 @@ def test_plan_takes_an_already_loaded_config(llama70):
     loaded = load_config({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 10**8}})
     eff = loaded.effective("deepspeed")
     r = _plan(llama70, 2, config=loaded)
-    assert r.knobs["max_live_parameters"] == 10**8
+    assert r.knobs.max_live_parameters == 10**8
     assert loaded.effective("deepspeed") is eff  # read once, shared
 
 

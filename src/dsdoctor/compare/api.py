@@ -18,7 +18,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.model.spec import load_model_spec, normalize_dtype
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, to_json
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
 
 PROBE_COUNT = 64
 PROBE_SEED = 7
@@ -373,9 +373,7 @@ def compare(
 
 
 def _write_reports(result: CompareResult, directory: Path) -> None:
-    (directory / "report.json").write_text(to_json(result.to_dict("en")), encoding="utf-8")
-    (directory / "report.md").write_text(result.to_markdown("en"), encoding="utf-8")
-    (directory / "report.zh.md").write_text(result.to_markdown("zh"), encoding="utf-8")
+    write_report(result, directory, "en", also_markdown=("zh",))
     for job in directory.glob("*.job.json"):
         job.unlink()
 

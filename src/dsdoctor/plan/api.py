@@ -146,8 +146,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
-    return PlanResult(model_info, wl.to_dict(), hw.to_dict(), knobs.to_dict() if knobs else None, plans,
-                      recommendation, findings, weights_only)
+    return PlanResult(model_info, wl, hw, knobs, plans, recommendation, findings, weights_only)
 
 
 def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
