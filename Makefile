@@ -1,12 +1,12 @@
 # Quick start:  make example   (the main job on the bundled example)
-#               make test      (the whole test suite)
+#               make test      (ruff, then the whole test suite)
 # Both create .venv and install everything they need on first use (Python 3.11, no GPU needed).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsdoctor-installed
 
-.PHONY: example test test-fast clean
+.PHONY: example test test-fast lint clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,13 @@ example: $(STAMP)
 	@# exit 1 means findings (the bundled example has them on purpose); 2 would be a real failure
 	$(BIN)/dsdoctor diagnose --out dsdoctor-out --force || test $$? -eq 1
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts
+
+test: lint
 	$(BIN)/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -q -m "not deepspeed"
 
 clean:

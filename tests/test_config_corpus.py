@@ -11,8 +11,14 @@ from dsdoctor.config.check import check
 from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.load import load_config
 from dsdoctor.config.schema import (
-    BF16_FIELDS, FP16_FIELDS, INIT_INFERENCE_ALL_KEYS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS,
-    REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_FIELDS,
+    BF16_FIELDS,
+    FP16_FIELDS,
+    INIT_INFERENCE_ALL_KEYS,
+    OFFLOAD_OPTIMIZER_FIELDS,
+    OFFLOAD_PARAM_FIELDS,
+    REMOVED_TOP_LEVEL_KEYS,
+    REMOVED_ZERO_KEYS,
+    ZERO_FIELDS,
 )
 from tests.helpers import CORPUS as _HELPERS_CORPUS
 
@@ -37,7 +43,8 @@ def test_key_tables_match_deepspeed_models():
     from deepspeed.runtime import config as ds_config
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import (
-        DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
     )
 
     assert ZERO_FIELDS == _model_keys(DeepSpeedZeroConfig)
@@ -56,7 +63,8 @@ def test_type_tables_match_deepspeed_annotations():
 
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import (
-        DeepSpeedZeroOffloadOptimizerConfig, DeepSpeedZeroOffloadParamConfig,
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
     )
 
     from dsdoctor.config.schema import OFFLOAD_OPTIMIZER_TYPES, OFFLOAD_PARAM_TYPES, ZERO_TYPES
@@ -68,7 +76,7 @@ def test_type_tables_match_deepspeed_annotations():
             lo = meta["Ge"].ge if "Ge" in meta else meta["Gt"].gt + 1 if "Gt" in meta else None
             if ann is bool:
                 out[name] = "bool"
-            elif ann == typing.Optional[bool]:
+            elif ann == typing.Optional[bool]:  # noqa: UP045  (DeepSpeed's annotation, as written)
                 out[name] = "optbool"
             elif ann is int:
                 out[name] = ("int", lo)
@@ -246,8 +254,9 @@ def test_fuzz_dsdoctor_rejects_exactly_what_deepspeed_rejects(doc):
         assert (eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device, eff.dtype) == theirs
 
 
-@pytest.mark.parametrize("name", ["huggingface__accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json",
-                                  "hiyouga__LLaMA-Factory__examples__deepspeed__ds_z3_config.json"])
+@pytest.mark.parametrize("name", [
+    "huggingface__accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json",
+    "hiyouga__LLaMA-Factory__examples__deepspeed__ds_z3_config.json"])
 def test_accelerate_yaml_with_config_file_matches_accelerate_plugin(name, tmp_path, monkeypatch):
     """An accelerate YAML naming a real corpus config (with "auto" stage/offload added): dsdoctor's dict
     equals the one accelerate's DeepSpeedPlugin builds from the same file."""

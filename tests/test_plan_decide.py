@@ -5,13 +5,13 @@ import pytest
 
 from dsdoctor.errors import InputError
 from dsdoctor.findings import exit_code
-from dsdoctor.plan.api import plan
-from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs
-from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
-from dsdoctor.plan.workload import make_workload
-from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.model.inventory import from_formula
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan.api import plan
+from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs
+from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.workload import make_workload
 from tests.helpers import EXAMPLES
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,

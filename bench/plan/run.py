@@ -188,7 +188,8 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
     }
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
     lines = ["# dsdoctor plan: estimated vs measured peak GPU memory\n",
-             f"Device: {device_desc}.{f' Wall time {elapsed:.0f} s.' if elapsed else ''} Peak = `torch.cuda.max_memory_allocated` over load "
+             f"Device: {device_desc}.{f' Wall time {elapsed:.0f} s.' if elapsed else ''} "
+             f"Peak = `torch.cuda.max_memory_allocated` over load "
              f"and two `generate` calls, max over ranks (GiB).\n",
              "| case | path | GPUs | batch | prompt | new | measured | estimated | error | weights-only | error | "
              "reserved (meas/est) | tok/s/rank (meas/est) |",

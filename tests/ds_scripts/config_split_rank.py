@@ -11,10 +11,9 @@ import os
 import resource
 import sys
 
+import deepspeed
 import psutil
 import torch
-
-import deepspeed
 from transformers import LlamaConfig, LlamaForCausalLM
 
 

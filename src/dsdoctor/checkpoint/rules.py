@@ -1,7 +1,6 @@
 """DSD4xx: findings of ``dsdoctor merge`` and ``dsdoctor verify``. Torch-free."""
 from dsdoctor.findings import explanation, rule
 
-
 rule(
     "DSD401", "missing-weights", "error",
     message={"en": "{count} weight(s) the model expects are not in {out_dir}: {names}",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from dsdoctor.checkpoint.plan import Piece, States, TensorPlan, shape_of, split_range
+from dsdoctor.checkpoint.pieces import Piece, States, TensorPlan, shape_of, split_range
 from dsdoctor.checkpoint.unpickle import TensorRef
 from dsdoctor.errors import InputError
 
@@ -66,7 +66,7 @@ def untracked_module_params(states: States, have: set[str]) -> list[TensorPlan]:
     hold. DeepSpeed 0.19.8 writes no frozen_param_shapes with the bf16 ZeRO-1 optimizer, so zero_to_fp32
     silently drops frozen parameters there; at stage 1/2 the module state dict still has them whole."""
     sd = states.model[0]
-    skip = have | set(sd.get("buffer_names") or []) | set((sd.get("shared_params") or {}))
+    skip = have | set(sd.get("buffer_names") or []) | set(sd.get("shared_params") or {})
     out = []
     for name, ref in (sd.get("module") or {}).items():
         if name not in skip and isinstance(ref, TensorRef) and ref.numel > 0:

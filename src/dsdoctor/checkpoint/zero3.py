@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dsdoctor.checkpoint.plan import Piece, States, TensorPlan, shape_of, split_range
+from dsdoctor.checkpoint.pieces import Piece, States, TensorPlan, shape_of, split_range
 from dsdoctor.checkpoint.unpickle import TensorRef
 from dsdoctor.errors import InputError
 

@@ -17,8 +17,8 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
-from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 from dsdoctor.units import human_bytes, human_count
+from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 
 MODES = ("inference", "training")
 

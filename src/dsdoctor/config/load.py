@@ -23,7 +23,6 @@ from dsdoctor.errors import InputError
 MAX_BYTES = 10 * 1024 * 1024  # real configs are a few KiB
 YAML_SUFFIXES = (".yaml", ".yml")
 
-KINDS = ("json", "hjson", "yaml", "accelerate-yaml", "trainer-yaml", "dict")
 
 
 @dataclass

@@ -27,8 +27,6 @@ from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
-_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "tensor_parallel")
-
 
 @dataclass
 class Change:

@@ -114,7 +114,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         speed = estimate_speed(mem, shape, wl, hw, k)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(**change):
+        def fits_with(name=name, k=k, **change):  # bound now: called within this iteration only
             other = dataclasses.replace(wl, **change)
             m = estimate_path(name, shape, other, hw, k)
             return _fits(m, hw)[0]
@@ -169,7 +169,8 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
         host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
         out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
     if cp is not None and "gpu" in cp.limits:
-        out.append(Finding("DSD204", {"path": cp.name, "need": human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes),
+        need = human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes)
+        out.append(Finding("DSD204", {"path": cp.name, "need": need,
                                       "capacity": human_bytes(hw.gpu_memory),
                                       "recommended": chosen.name if chosen else "none"}))
     plain = by.get("plain")

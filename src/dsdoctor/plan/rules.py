@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dsdoctor.findings import explanation, rule
 
-ZERO3_NOT_NEEDED = rule(
+rule(
     "DSD201", "zero3-not-needed", "warning",
     message={
         "en": "the config uses ZeRO-3, but the whole model fits on one GPU: plain loading peaks at {plain_peak} "
@@ -55,7 +55,7 @@ ZeRO-3 是为放不下的模型准备的。推理时，每生成一个 token，�
     ),
 )
 
-FITS_NO_PATH = rule(
+rule(
     "DSD202", "fits-no-path", "error",
     message={
         "en": "no load path fits: the smallest, {path}, needs {need} per GPU of {capacity} and {host_need} of "
@@ -103,7 +103,7 @@ bf16 的 70B 模型（权重 140 GB），一张 24 GB GPU，64 GB 主机内存�
     ),
 )
 
-TRAINING_CONFIG_COSTS = rule(
+rule(
     "DSD203", "training-config-costs-memory", "warning",
     message={
         "en": "the config's optimizer section makes deepspeed.initialize build optimizer state: {gpu_cost} more "
@@ -152,7 +152,7 @@ reduce bucket。`generate` 一样都用不上，只会抬高峰值、拖慢启�
     ),
 )
 
-CONFIG_PATH_OOM = rule(
+rule(
     "DSD204", "config-path-does-not-fit", "error",
     message={
         "en": "the config's path {path} needs {need} per GPU but the GPU has {capacity}",
@@ -196,7 +196,7 @@ The recommended path in the plan, or the batch and context it lists as fitting.
     ),
 )
 
-HARDWARE_ASSUMED = rule(
+rule(
     "DSD205", "hardware-assumed", "info",
     message={
         "en": "planned for assumed hardware: {assumed}",
@@ -238,7 +238,7 @@ The fit and the speed depend on them; a plan for an 80 GB GPU says little about 
     ),
 )
 
-UNPINNED_OFFLOAD = rule(
+rule(
     "DSD206", "offload-param-unpinned", "warning",
     message={
         "en": "offload_param has pin_memory false: every token copies {moved} per rank from pageable host memory, "

@@ -30,7 +30,7 @@ class Style:
     arrow: str = "→"
 
     @classmethod
-    def for_stream(cls, stream=None) -> "Style":
+    def for_stream(cls, stream=None) -> Style:
         stream = stream or sys.stdout
         encoding = getattr(stream, "encoding", None) or "ascii"
         try:

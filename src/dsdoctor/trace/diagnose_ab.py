@@ -40,7 +40,7 @@ class VariantResult:
     generate_peak_host_bytes: int | None = None
 
     @classmethod
-    def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> "VariantResult":
+    def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> VariantResult:
         stopped = [f"rank {r.rank} in {r.stopped_in}" + (f" ({r.where})" if r.where else "")
                    for r in t.ranks if r.stopped_in]
         stopped += [f"rank {r.rank} OOM in " + next((p["label"] for p in r.phases if p.get("error")), "?")

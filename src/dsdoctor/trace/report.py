@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dsdoctor.findings import RULES, Finding, Phrase, all_rules, sort_findings
+from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace.records import PhaseRecord, RankRecord
@@ -304,19 +304,14 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
 
 # ------------------------------------------------------------------ findings
 
-def _config_rules_loaded() -> None:
-    all_rules()  # imports dsdoctor.config.rules when it exists (DSD101, DSD103)
-
-
 def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: str, returncode, timeout,
                    log: str | None, output_tail: str) -> list[Finding]:
-    _config_rules_loaded()
     out: list[Finding] = []
     if not records:
         out.append(Finding("DSD309", {}))
 
     built = [r for r in ranks if r.optimizer]
-    if built and "DSD101" in RULES:
+    if built:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
         if r0.optimizer_state_bytes:
@@ -330,7 +325,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
                                       "ranks": [r.rank for r in built]}))
 
     tp = [r for r in ranks if r.zero_stage == 3 and (r.tp_size or 1) > 1]
-    if tp and "DSD103" in RULES:
+    if tp:
         rec = next(x for x in records if x.rank == tp[0].rank)
         api = next((p.info.get("api") for p in rec.phases if p.name == "init"), "deepspeed")
         out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}"}))

@@ -243,7 +243,8 @@ rule(
         ),
         zh=(
             "命令运行了，但没有留下任何 rank 记录。",
-            "dsdoctor 通过 PYTHONPATH 上的 sitecustomize 进入 rank。清空环境的启动器、`python -I`/`-S` 或容器入口会丢掉它，于是无从报告。",
+            "dsdoctor 通过 PYTHONPATH 上的 sitecustomize 进入 rank。清空环境的启动器、`python -I`/`-S` "
+            "或容器入口会丢掉它，于是无从报告。",
             "`env -i python infer.py`",
             "保留环境运行 `python infer.py`、`deepspeed ... infer.py` 或 `torchrun ... infer.py`。",
         ),
