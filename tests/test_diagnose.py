@@ -8,7 +8,9 @@ from tests.helpers import ROOT, run_cli, write_model_config
 
 def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     out = tmp_path / "diag"
-    proc = run_cli("diagnose", "--out", out, "--format", "json")
+    # the machine is given, not detected: the recommendation is what the plan computes for it
+    proc = run_cli("diagnose", "--out", out, "--format", "json", "--gpus", "1", "--gpu-memory", "80GiB",
+                   "--host-memory", "256GiB")
     assert proc.returncode == 1, proc.stderr  # the example reuses a training config: error findings
     data = json.loads(proc.stdout)
     steps = {s["step"]: s for s in data["steps"]}
@@ -103,7 +105,7 @@ def test_diagnose_traces_the_given_command(tmp_path):
     cfg.write_text(json.dumps(ZERO3))
     model = write_model_config(tmp_path / "m")
     out = tmp_path / "diag"
-    script = ROOT / "tests" / "trace_scripts" / "generate_plain.py"
+    script = ROOT / "tests" / "scripts" / "generate_plain.py"
     proc = run_cli("diagnose", "--config", cfg, "--model", model, "--out", out, "--format", "json",
                    "--prompt-len", "16", "--new-tokens", "8", "--timeout", "200", "--", sys.executable, script,
                    timeout=300)
@@ -122,7 +124,7 @@ def test_diagnose_ab_step_runs_the_variants_and_reports_them(tmp_path):
     # diagnose runs this step only where CUDA is available; here it runs on the CPU, host memory standing in
     from dsdoctor.diagnose import _step_ab
 
-    script = ROOT / "tests" / "trace_scripts" / "generate_plain.py"
+    script = ROOT / "tests" / "scripts" / "generate_plain.py"
     step = _step_ab([sys.executable, str(script)], tmp_path, 200, "en")
     assert step.key == "ab" and step.status == "done"
     variants = step.data["ab"]["variants"]
