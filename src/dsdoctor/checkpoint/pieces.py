@@ -68,3 +68,14 @@ def shape_of(shape, path) -> tuple:
     if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise InputError(f"invalid parameter shape {shape!r}", path=path)
     return tuple(shape)
+
+
+def flat_groups(states: States, key: str, kind: str) -> list[list[TensorRef]]:
+    """Each rank's flat fp32 partitions (``key`` of its optim-states file), or an error naming the file."""
+    out = []
+    for p, osd in zip(states.layout.optim_files, states.optim):
+        flat = osd.get(key)
+        if not isinstance(flat, list) or not all(isinstance(t, TensorRef) for t in flat):
+            raise InputError(f"no {key} in a {kind} optim-states file", path=p)
+        out.append(flat)
+    return out

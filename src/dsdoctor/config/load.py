@@ -140,23 +140,27 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     return _plain(data), kind
 
 
-def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+def _strict(loads, text: str, path: Path):
+    """``loads`` with DeepSpeed's refusal of duplicate keys; too deep a nesting is bad input too."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates), "json"
+        return loads(text, object_pairs_hook=_no_duplicates)
     except DuplicateKeyError as exc:
         raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
     except RecursionError:
         raise InputError("is nested too deeply", path=path) from None
+
+
+def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+    try:
+        return _strict(json.loads, text, path), "json"
     except ValueError as first:
         json_error = first
     import hjson  # DeepSpeed's own parser: comments, unquoted keys, trailing commas
 
     try:
-        return hjson.loads(text, object_pairs_hook=_no_duplicates), "hjson"
-    except DuplicateKeyError as exc:
-        raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
-    except RecursionError:
-        raise InputError("is nested too deeply", path=path) from None
+        return _strict(hjson.loads, text, path), "hjson"
+    except InputError:
+        raise
     except Exception as exc:  # hjson raises HjsonDecodeError and, on odd input, other ValueErrors
         where = ""
         if isinstance(json_error, json.JSONDecodeError):
