@@ -19,6 +19,7 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
+from dsdoctor.i18n import pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, write_report
 from dsdoctor.units import human_bytes
 
@@ -28,6 +29,11 @@ STEP_TITLES = {
     "split": {"en": "3. The inference config", "zh": "3. 推理专用配置"},
     "ab": {"en": "4. Peak with and without offload_param", "zh": "4. 有无 offload_param 的峰值对比"},
     "exit": {"en": "5. The way out", "zh": "5. 解决方案"},
+}
+TEXT = {
+    "report": {"en": "report", "zh": "报告"},
+    "title": {"en": "dsdoctor diagnosis", "zh": "dsdoctor 诊断报告"},
+    "recommended": {"en": "Recommended load path", "zh": "推荐的加载方式"},
 }
 
 
@@ -90,23 +96,20 @@ class DiagnoseResult:
         glyph = {"done": style.ok, "skipped": "-", "failed": style.error}
         lines = []
         for s in self.steps:
-            lines.append(f"{glyph[s.status]} {STEP_TITLES[s.key][lang]}")
+            lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
             lines += [f"    $ {c}" for c in s.commands[:3]]
         lines.append("")
         lines.append(findings_text(self.findings, lang, style).rstrip())
-        label = "report" if lang == "en" else "报告"
-        lines.append(f"{label}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
+        lines.append(f"{pick(TEXT['report'], lang)}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
         return "\n".join(lines) + "\n"
 
     def to_markdown(self, lang: str = "en") -> str:
-        title = "dsdoctor diagnosis" if lang == "en" else "dsdoctor 诊断报告"
-        parts = [f"# {title}\n", f"- config: `{self.config}`\n- model: `{self.model}`\n"]
+        parts = [f"# {pick(TEXT['title'], lang)}\n", f"- config: `{self.config}`\n- model: `{self.model}`\n"]
         if self.recommended_path:
-            word = "Recommended load path" if lang == "en" else "推荐的加载方式"
-            parts.append(f"**{word}: `{self.recommended_path}`**\n")
+            parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
         for s in self.steps:
-            parts.append(f"## {STEP_TITLES[s.key][lang]}\n")
+            parts.append(f"## {pick(STEP_TITLES[s.key], lang)}\n")
             parts.append((s.summary.get(lang) or s.summary["en"]) + "\n")
             if s.commands:
                 parts.append("```bash\n" + "\n".join(s.commands) + "\n```\n")
