@@ -21,7 +21,7 @@ from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import build_plan, read_states
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
 from dsdoctor.errors import InputError
-from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
 from dsdoctor.report.render import (
     Style,
@@ -136,7 +136,7 @@ def _read_config(d: Path | None) -> dict:
     return cfg
 
 
-def model_file_problem(src: Path, folder: Path) -> str | None:
+def model_file_problem(src: Path, folder: Path) -> Phrase | None:
     """Why ``src`` must not be copied into the output (None: copy it). Only regular files inside the model
     folder are copied: a checkpoint folder is untrusted, and a ``tokenizer.json`` linked to ``/etc/shadow``
     would otherwise land in a folder that is then shared. One kind of link out is allowed: the Hugging Face
@@ -144,9 +144,9 @@ def model_file_problem(src: Path, folder: Path) -> str | None:
     try:
         st = os.stat(src)
     except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
+        return Phrase("unreadable", {"error": exc.strerror})
     if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
+        return Phrase("not_regular")
     if not src.is_symlink():
         return None
     real, home = src.resolve(), folder.resolve()
@@ -154,7 +154,7 @@ def model_file_problem(src: Path, folder: Path) -> str | None:
         return None
     if home.parent.name == "snapshots" and (home.parent.parent / "blobs") in real.parents:
         return None
-    return f"is a symbolic link out of {printable(folder)} (to {printable(real)})"
+    return Phrase("link_out", {"folder": printable(folder), "target": printable(real)})
 
 
 def _copy_model_file(src: Path, dst: Path) -> None:
@@ -270,7 +270,8 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     return MergeResult(
         checkpoint=str(layout.root), tag=layout.tag, zero_stage=plan.stage, world_size=plan.world_size,
         ds_version=plan.ds_version, out_dir=str(out), dtype=out_dtype,
-        tensors=len(tensors), parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
+        tensors=len(tensors),
+        parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
         frozen=sum(1 for t in plan.tensors if t.kind in ("frozen", "module")),
         buffers=sum(1 for t in plan.tensors if t.kind == "buffer"),
         bytes_written=written, shards=shards, tied=dict(plan.aliases), tied_stored_once=stored_once and bool(plan.aliases),

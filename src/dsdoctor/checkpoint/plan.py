@@ -5,50 +5,14 @@ rebuild rule. Nothing here reads tensor data except buffers and frozen fragments
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 from dsdoctor.checkpoint import unpickle
-from dsdoctor.checkpoint.layout import Layout
+from dsdoctor.checkpoint.layout import Layout, missing_names
+from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
+from dsdoctor.checkpoint.zero3 import plan_zero3
+from dsdoctor.checkpoint.zero12 import plan_zero12
 from dsdoctor.errors import InputError
 from dsdoctor.fsutil import printable
-
-
-@dataclass(frozen=True)
-class Piece:
-    ref: TensorRef
-    start: int  # element index into ref (flattened)
-    count: int
-
-
-@dataclass
-class TensorPlan:
-    name: str
-    shape: tuple
-    dtype: str  # source dtype of the pieces (all pieces share it)
-    pieces: list[Piece]
-    kind: str  # trainable | frozen | buffer
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass
-class MergePlan:
-    stage: int
-    world_size: int
-    tensors: list[TensorPlan]  # in DeepSpeed's order: buffers, frozen, trainable
-    aliases: dict[str, str] = field(default_factory=dict)  # shared (tied) name -> name that holds the data
-    ds_version: str | None = None
-
-
-@dataclass
-class States:
-    layout: Layout
-    model: list[dict]
-    optim: list[dict]  # optimizer_state_dict of each rank
 
 
 def read_states(layout: Layout) -> States:
@@ -89,8 +53,6 @@ def check_world_size(states: States) -> int:
         kind = "missing" if have < world else "extra"
         named = ""
         if have < world:
-            from dsdoctor.checkpoint.layout import missing_names
-
             named = f" ({missing_names(states.layout.optim_files, list(range(have, world)))} not found)"
         raise InputError(f"{kind} rank files: saved by {world} ranks (partition_count) but {have} "
                          f"optim-states files are present{named}", path=states.layout.tag_dir,
@@ -101,31 +63,13 @@ def check_world_size(states: States) -> int:
     return world
 
 
-def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:
-    """Pieces covering elements [start, start+count) of the virtual concatenation of ``chunks``."""
-    pieces, base = [], 0
-    end = start + count
-    for ref in chunks:
-        n = ref.numel
-        lo, hi = max(start, base), min(end, base + n)
-        if lo < hi:
-            pieces.append(Piece(ref, lo - base, hi - lo))
-        base += n
-        if base >= end:
-            break
-    if sum(p.count for p in pieces) != count:
-        raise InputError(f"partition ends early: wanted elements {start}..{end} of {base}",
-                         path=chunks[0].path if chunks else None)
-    return pieces
-
-
 def build_plan(states: States) -> MergePlan:
     world = check_world_size(states)
     stage = int(states.optim[0]["zero_stage"])
     if stage == 3:
-        from dsdoctor.checkpoint.zero3 import plan_zero3 as planner
+        planner = plan_zero3
     elif stage in (1, 2):
-        from dsdoctor.checkpoint.zero12 import plan_zero12 as planner
+        planner = plan_zero12
     else:
         raise InputError(f"unsupported zero_stage {stage}", path=states.layout.optim_files[0])
     try:
@@ -160,10 +104,3 @@ def buffers(states: States) -> list[TensorPlan]:
         if isinstance(ref, TensorRef):
             out.append(TensorPlan(name, tuple(ref.shape), ref.dtype, [Piece(ref, 0, ref.numel)], "buffer"))
     return out
-
-
-def shape_of(shape, path) -> tuple:
-    if not isinstance(shape, (tuple, list)) or len(shape) > 16 or \
-            not all(isinstance(d, int) and 0 <= d < 2**48 for d in shape):
-        raise InputError(f"invalid parameter shape {short_repr(shape)}", path=path)
-    return tuple(shape)

@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsdoctor.checkpoint.plan import Piece, TensorPlan
+from dsdoctor.checkpoint.pieces import Piece, TensorPlan
 from dsdoctor.checkpoint.unpickle import FLOAT_DTYPES, SAFETENSORS_DTYPES, TensorRef
 from dsdoctor.errors import InputError
 from dsdoctor.fsutil import open_regular, printable
