@@ -207,7 +207,7 @@ def _has_marker(folder: Path) -> bool:
 
 
 def _write_marker(folder: Path, target: Path, command: str | None) -> None:
-    from dsdoctor import __version__
+    from dsdoctor._version import __version__
 
     info = {"written_by": f"dsdoctor {__version__}", "command": command, "output": target.name,
             "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
