@@ -25,6 +25,11 @@ LABELS = {
     "offloaded_params": ("offloaded params", "卸载的参数"),
     "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
     "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
+    "process_base": ("python + torch + CUDA runtime (anonymous)", "python + torch + CUDA 运行时（匿名内存）"),
+    "load_anon": ("CPU copies while loading (anonymous)", "加载时的 CPU 拷贝（匿名内存）"),
+    "checkpoint_mapped": ("checkpoint pages mapped (file-backed, counted once)", "映射的检查点页（文件页，只计一次）"),
+    "dequant_workspace": ("dequantization workspace", "反量化工作区"),
+    "offloaded_layers": ("CPU-offloaded layers", "卸载到 CPU 的层"),
 }
 
 
@@ -53,6 +58,10 @@ class PathPlan:
     max_batch: int | None = None
     max_prompt_len: int | None = None
     notes: list = field(default_factory=list)
+    loading: str | None = None  # the loading method the host figures assume (plan/loading.py)
+    loading_options: list = field(default_factory=list)  # every method's host memory (anonymous, file-backed)
+    tp: int | None = None  # GPUs per tensor-parallel group
+    estimate: bool = False  # modelled, not yet measured on a GPU
 
     def to_dict(self) -> dict:
         return {
@@ -64,6 +73,8 @@ class PathPlan:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "bound": self.bound,
             "breakdown": self.breakdown, "host_breakdown": self.host_breakdown,
             "max_batch": self.max_batch, "max_prompt_len": self.max_prompt_len, "notes": self.notes,
+            "loading": self.loading, "loading_options": self.loading_options, "tp": self.tp,
+            "estimate": self.estimate,
         }
 
 
@@ -106,15 +117,16 @@ class PlanResult:
         rows = []
         for p in self.paths:
             star = "*" if p.name == self.recommended.path else ""
+            star += "~" if p.estimate else ""
             rows.append((
                 p.name + star, p.ranks, human_bytes(p.gpu_peak_bytes), human_bytes(p.gpu_reserved_bytes),
-                human_bytes(p.host_peak_bytes), ok if p.fits else f"{no} " + ",".join(p.limits),
+                human_bytes(p.host_peak_bytes), p.loading or "-", ok if p.fits else f"{no} " + ",".join(p.limits),
                 f"{p.tokens_per_s:.1f}", p.max_batch if p.max_batch is not None else "-",
                 p.max_prompt_len if p.max_prompt_len is not None else "-",
             ))
-        head_en = ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "fits", "tok/s/rank", "max batch",
+        head_en = ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "loading", "fits", "tok/s/rank", "max batch",
                    "max prompt")
-        head_zh = ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "放得下", "token/s/rank", "最大 batch",
+        head_zh = ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "加载方法", "放得下", "token/s/rank", "最大 batch",
                    "最长 prompt")
         return (head_zh if lang == "zh" else head_en), rows
 
@@ -138,11 +150,32 @@ class PlanResult:
             lines.append(f"  {p.name} ({'峰值在' if lang == 'zh' else 'peak at'} {at}): {parts}")
         return lines
 
+    def _host_lines(self, lang: str) -> list[str]:
+        """Host memory of the recommended path (or the first) by loading method: anonymous vs file-backed."""
+        p = self.path(self.recommended.path) if self.recommended.path else (self.paths[0] if self.paths else None)
+        if p is None or not p.loading_options:
+            return []
+        zh = lang == "zh"
+        head = (f"{p.name} 各加载方法的主机内存（匿名 + 文件页）：" if zh else
+                f"host memory of {p.name} by loading method (anonymous + file-backed):")
+        lines = [head]
+        for m in p.loading_options:
+            mark = "*" if m["method"] == p.loading else " "
+            rss = human_bytes(m["file_rss_bytes"])
+            lines.append(f"  {mark}{m['method']:<16} {human_bytes(m['anon_bytes'])} + {human_bytes(m['file_bytes'])}"
+                         + (f"（各进程 RSS 合计显示文件页 {rss}）" if zh else f" (the processes' RSS shows {rss} of file pages)"))
+        return lines
+
     def to_text(self, lang: str = "en", style=None) -> str:
         head, rows = self._rows(lang, style.ok if style else "yes", style.error if style else "no")
         out = [self._header(lang), text_table(head, rows)]
         out.append(("每卡峰值构成：" if lang == "zh" else "per-GPU peak breakdown:") + "\n"
                    + "\n".join(self._breakdown_lines(lang)) + "\n")
+        host = self._host_lines(lang)
+        if host:
+            out.append("\n".join(host) + "\n")
+        if any(p.estimate for p in self.paths):
+            out.append("~ 估计值，尚未在 GPU 上测量\n" if lang == "zh" else "~ estimate, not yet measured on a GPU\n")
         rec = self.recommended
         if rec.path:
             out.append(("推荐" if lang == "zh" else "recommended") + f": {rec.path}: {rec.why.get(lang, rec.why['en'])}\n")
