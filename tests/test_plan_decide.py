@@ -174,8 +174,9 @@ def test_bad_workload_is_input_error(kw, match):
 
 def test_every_path_reports_what_fits():
     r = _plan(LLAMA_7B, 2)
-    assert [p.name for p in r.paths] == list(PATHS)
-    for p in r.paths:
+    measured = [p for p in r.paths if not p.estimate]  # estimate paths (device-map, quantized) search no limits
+    assert [p.name for p in measured] == list(PATHS)
+    for p in measured:
         assert p.max_batch and p.max_batch >= 1 and p.max_prompt_len and p.max_prompt_len >= 1024
         wider = plan(LLAMA_7B, batch=p.max_batch + 1, prompt_len=1024, new_tokens=128, gpus=2, gpu_memory="80GB",
                      host_memory="1TiB", detect=False, counts="formula").path(p.name)

@@ -159,7 +159,71 @@ def test_json_has_loading_and_options():
     tp = next(p for p in d["paths"] if p["name"] == "tp4x2")
     assert tp["tp"] == 4 and tp["replicas"] == 2 and tp["loading"] in {m["method"] for m in tp["loading_options"]}
     for m in tp["loading_options"]:
-        assert m["peak_bytes"] == m["anon_bytes"] + m["file_bytes"]
+        assert m["peak_bytes"] == m["anon_bytes"]  # mapped file pages are reported, not counted
+    assert tp["host_file_bytes"] >= 0
     zh = run_cli("plan", "--model", QWEN72, "--gpus", "8", "--gpu-memory", "80GiB", "--host-memory", "1TiB",
                  "--gpu-name", "H100", "--counts", "formula", "--lang", "zh")
     assert "加载方法" in zh.stdout
+
+
+# --------------------------------------------------------------------------- estimates: device_map, quantized
+
+def test_device_map_spreads_layers_like_accelerate_and_offloads_the_rest():
+    from dsdoctor.plan.device_map import place
+
+    GiB = 1024**3
+    units = [("embed", 2 * GiB, None)] + [(f"layer{i}", GiB, i) for i in range(10)] + [("lm_head", 2 * GiB, None)]
+    where, limits = place(units, 2, 10 * GiB, 100 * GiB)
+    # balanced: GPU 0 gets at most 14/2 + 1.25 x 2 = 9.5 GiB, minus room for the largest unit still to place
+    assert limits[0] == int(7 * GiB + 1.25 * 2 * GiB) and limits[1] == 10 * GiB
+    on0 = sum(s for n, s, _ in units if where[n] == 0)
+    assert on0 <= limits[0] - 2 * GiB + GiB and where["lm_head"] == 1
+    assert set(where.values()) == {0, 1}
+    where1, _ = place(units, 1, 10 * GiB, 100 * GiB)  # one GPU: 90% of it, the rest on the CPU
+    assert "cpu" in where1.values() and sum(s for n, s, _ in units if where1[n] == 0) <= 9 * GiB
+
+
+def test_device_map_path_is_an_estimate_and_never_beats_a_measured_path_that_fits():
+    r = _qwen(2, batch=1)
+    dm = r.path("device-map")
+    assert dm is not None and dm.estimate and dm.ranks == 1 and dm.replicas == 1
+    assert dm.gpu_peak_bytes < r.path("plain").gpu_peak_bytes  # the weights are split over two GPUs
+    assert r.recommended.path in ("tp", "zero3", "zero3-offload") or not r.path("tp").fits
+
+
+def test_quantized_weights_shrink_the_peak_and_are_chosen_only_when_nothing_else_fits():
+    r = _qwen(1, batch=1, host_memory="256GiB")
+    plain, int8, nf4 = r.path("plain"), r.path("bnb-int8"), r.path("bnb-nf4")
+    assert int8.estimate and nf4.estimate
+    assert nf4.gpu_peak_bytes < int8.gpu_peak_bytes < plain.gpu_peak_bytes
+    assert nf4.breakdown["dequant_workspace"] > 0
+    z, zq = r.path("zero3-offload"), r.path("zero3-offload-int4")
+    assert zq.host_peak_bytes < z.host_peak_bytes and zq.tokens_per_s > z.tokens_per_s
+    assert r.recommended.path not in ("bnb-int8", "bnb-nf4", "zero3-int4", "zero3-offload-int4")
+    assert nf4.fits and nf4.tokens_per_s > r.path(r.recommended.path).tokens_per_s  # faster, but changes outputs
+    assert "DSD213" not in codes(r)
+
+
+def test_choose_falls_back_to_estimates_then_quantized_only_when_nothing_else_fits():
+    from dsdoctor.plan.api import _choose_tiered
+    from dsdoctor.plan.result import PathPlan
+
+    def p(name, fits, tps, estimate=False):
+        return PathPlan(name, 1, 1, 0, 0, 0, 0, fits, [], "decode", tps, tps, "hbm", {}, {}, estimate=estimate)
+
+    measured, dm, nf4 = p("zero3-offload", True, 1.0), p("device-map", True, 5.0, True), p("bnb-nf4", True, 9.0, True)
+    assert _choose_tiered([measured, dm, nf4])[0].name == "zero3-offload"
+    measured.fits = False
+    assert _choose_tiered([measured, dm, nf4])[0].name == "device-map"
+    dm.fits = False
+    assert _choose_tiered([measured, dm, nf4])[0].name == "bnb-nf4"
+    nf4.fits = False
+    assert _choose_tiered([measured, dm, nf4])[0] is None
+
+
+def test_zero_inference_int4_config_carries_weight_quantization():
+    from dsdoctor.plan.extra_paths import _zero_code
+
+    cfg, code = _zero_code("zero3-offload-int4", "m", 2, "fp16", None)
+    assert cfg["weight_quantization"]["quantized_initialization"]["num_bits"] == 4
+    assert cfg["fp16"] == {"enabled": True} and '"weight_quantization"' in code

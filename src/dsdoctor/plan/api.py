@@ -18,6 +18,8 @@ from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.emit import code_for_plan
+from dsdoctor.plan.extra_paths import extra_paths
+from dsdoctor.plan.quant import QUANT_PATHS
 from dsdoctor.plan.gpu_caps import capability_of, detect_capability, run_dtype as _dtype_for_gpu
 from dsdoctor.plan.loading import apply_loading, find_checkpoint, methods_for
 from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
@@ -74,6 +76,17 @@ def _knobs_for(path: str, knobs: DsKnobs | None, config_path: str | None) -> DsK
     if path == config_path:
         return knobs
     return dataclasses.replace(knobs, has_optimizer=False, offload_param=None)
+
+
+def _choose_tiered(plans: list) -> tuple:
+    """Measured paths first; an estimate (device-map) only when none fits; quantized weights (they change
+    the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier compared)."""
+    tiers = [[p for p in plans if not p.estimate], [p for p in plans if p.name not in QUANT_PATHS], plans]
+    for tier in tiers:
+        chosen = rec.choose(tier)
+        if chosen is not None:
+            return chosen, tier
+    return None, plans
 
 
 def _run_dtype(dtype: str, hw) -> tuple[str, float | None]:
@@ -159,15 +172,17 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             tokens_per_s=speed.tokens_per_s, decode_tokens_per_s=speed.decode_tokens_per_s, bound=speed.bound,
             breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown, max_batch=max_batch,
             max_prompt_len=max_prompt, notes=mem.notes + method.notes, loading=method.method,
+            host_file_bytes=mem.host_file_bytes,
             loading_options=[m.to_dict() for m in methods],
             tp=split[0] if split else None,
         ))
 
-    chosen = rec.choose(plans)
+    plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits)
+    chosen, compared = _choose_tiered(plans)
     if chosen is not None:
         recommendation = Recommendation(
-            chosen.name, {lang: rec.why(chosen, plans, lang) for lang in ("en", "zh")},
-            rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
+            chosen.name, {lang: rec.why(chosen, compared, lang) for lang in ("en", "zh")},
+            chosen.ds_config if chosen.estimate else rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
             code_for_plan(chosen, str(model), hw.gpus, run_dtype, knobs))
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)

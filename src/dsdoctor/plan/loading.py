@@ -89,7 +89,9 @@ class HostLoad:
 
     @property
     def peak_bytes(self) -> int:
-        return self.anon_bytes + self.file_bytes
+        """What must fit in host memory: anonymous pages. Mapped checkpoint pages are clean and file-backed:
+        the kernel (and a cgroup limit) reclaims them under pressure instead of failing; they cost speed."""
+        return self.anon_bytes
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -172,7 +174,7 @@ PREFERENCE = ("to-gpu", "cpu-then-to", "zero-init", "cpu-model", "meta-checkpoin
 
 
 def choose_method(methods: list[HostLoad], host_memory: int, other_anon: int = 0) -> tuple[HostLoad, bool]:
-    """The simplest method whose host peak (plus the path's other host memory) fits; else the smallest."""
+    """The simplest method whose anonymous peak (plus the path's other host memory) fits; else the smallest."""
     for m in methods:
         if m.peak_bytes + other_anon <= host_memory:
             return m, True
@@ -202,8 +204,7 @@ def apply_loading(mem, methods: list[HostLoad], host_memory: int) -> tuple[HostL
     host["process_base"] = base
     if method.anon_bytes > base:
         host["load_anon"] = method.anon_bytes - base
-    if method.file_bytes:
-        host["checkpoint_mapped"] = method.file_bytes
     mem.host_breakdown = host
     mem.host_peak_bytes = int(other_sum + method.peak_bytes)
+    mem.host_file_bytes = int(method.file_bytes)  # reported beside the peak, not part of it
     return method, ok

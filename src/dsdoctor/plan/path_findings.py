@@ -24,9 +24,8 @@ def path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capab
                                           "method_peak": human_bytes(mine["peak_bytes"]),
                                           "host": human_bytes(hw.host_memory), "default": first["method"],
                                           "default_peak": human_bytes(first["peak_bytes"])}))
-    estimates = [p.name for p in plans if p.estimate]
-    if estimates:
-        out.append(Finding("DSD213", {"paths": ", ".join(estimates)}))
+    if chosen is not None and chosen.estimate:  # the table marks the others with ~
+        out.append(Finding("DSD213", {"paths": chosen.name}))
     if getattr(spec, "counted_by", "") == "formula-approx":
         out.append(Finding("DSD214", {"model_type": spec.model_type, "count": f"{spec.num_params / 1e9:.2f}B"}))
     return out

@@ -59,9 +59,12 @@ class PathPlan:
     max_prompt_len: int | None = None
     notes: list = field(default_factory=list)
     loading: str | None = None  # the loading method the host figures assume (plan/loading.py)
+    host_file_bytes: int = 0  # mapped checkpoint pages (file-backed, reclaimable): beside host_peak_bytes
     loading_options: list = field(default_factory=list)  # every method's host memory (anonymous, file-backed)
     tp: int | None = None  # GPUs per tensor-parallel group
     estimate: bool = False  # modelled, not yet measured on a GPU
+    code: str | None = field(default=None, repr=False)  # the path's own code (estimate paths)
+    ds_config: dict | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return {
@@ -73,7 +76,8 @@ class PathPlan:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "bound": self.bound,
             "breakdown": self.breakdown, "host_breakdown": self.host_breakdown,
             "max_batch": self.max_batch, "max_prompt_len": self.max_prompt_len, "notes": self.notes,
-            "loading": self.loading, "loading_options": self.loading_options, "tp": self.tp,
+            "loading": self.loading, "host_file_bytes": self.host_file_bytes,
+            "loading_options": self.loading_options, "tp": self.tp,
             "estimate": self.estimate,
         }
 
@@ -156,14 +160,17 @@ class PlanResult:
         if p is None or not p.loading_options:
             return []
         zh = lang == "zh"
-        head = (f"{p.name} 各加载方法的主机内存（匿名 + 文件页）：" if zh else
-                f"host memory of {p.name} by loading method (anonymous + file-backed):")
+        head = (f"{p.name} 各加载方法的主机内存（放得下与否看匿名内存；文件页可被回收）：" if zh else
+                f"host memory of {p.name} by loading method (anonymous decides the fit; mapped file pages are "
+                "reclaimable):")
         lines = [head]
         for m in p.loading_options:
             mark = "*" if m["method"] == p.loading else " "
             rss = human_bytes(m["file_rss_bytes"])
-            lines.append(f"  {mark}{m['method']:<16} {human_bytes(m['anon_bytes'])} + {human_bytes(m['file_bytes'])}"
-                         + (f"（各进程 RSS 合计显示文件页 {rss}）" if zh else f" (the processes' RSS shows {rss} of file pages)"))
+            lines.append(f"  {mark}{m['method']:<16} {human_bytes(m['anon_bytes'])}"
+                         + (f" 匿名 + {human_bytes(m['file_bytes'])} 映射的文件页（各进程 RSS 合计显示 {rss}）" if zh else
+                            f" anonymous + {human_bytes(m['file_bytes'])} mapped file pages (the processes' RSS "
+                            f"shows {rss})"))
         return lines
 
     def to_text(self, lang: str = "en", style=None) -> str:
