@@ -3,6 +3,7 @@ quantized weights. Each becomes a ``PathPlan`` marked ``estimate``; the recommen
 path only when no full-precision path fits (quantization changes the model's outputs)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from dsdoctor.plan import device_map as dm
@@ -24,6 +25,8 @@ def _zero_code(name: str, model: str, gpus: int, dtype: str, knobs) -> tuple[dic
 
 def extra_paths(shape, wl, hw, knobs, ckpt, run_dtype: str, model: str, fits) -> list[PathPlan]:
     inv = shape.inventory
+    if knobs is not None:  # the stage-3 tuning applies; the optimizer belongs to the config's own path
+        knobs = dataclasses.replace(knobs, has_optimizer=False, offload_param=None)
     weights = inv.num_params * wl.dtype_bytes
     largest = max((p.numel for p in inv.params), default=0) * wl.dtype_bytes
     out = []
@@ -57,8 +60,6 @@ def extra_paths(shape, wl, hw, knobs, ckpt, run_dtype: str, model: str, fits) ->
 
 def estimate_path_like(mem):
     """The memory record under the name the speed model reads as one whole copy per GPU."""
-    import dataclasses
-
     return dataclasses.replace(mem, name="plain", ranks=1)
 
 
