@@ -159,14 +159,15 @@ def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weight
                         "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE, "
                         "checkpoint=\"checkpoints.json\", replace_with_kernel_inject=True)",
                         ["needs kernel injection (replace_with_kernel_inject=True) and a DeepSpeed injection "
-                         "policy for the architecture; checkpoints.json lists the checkpoint files"]))
+                         "policy for the architecture; checkpoints.json lists the checkpoint files; the injected "
+                         "kernels' workspace is not in the GPU peak (modelled for AutoTP without injection)"]))
     # pre-sharded: each rank reads its own slice
     anon = base + -(-weights // tp) * procs
     out.append(HostLoad("pre-sharded", anon, 0, 0, procs,
                         "engine = deepspeed.init_inference(model_on_meta, tensor_parallel={\"tp_size\": TP}, "
                         "checkpoint=\"sharded/ds_inference_config.json\", replace_with_kernel_inject=True)",
                         ["write the shards once with init_inference(..., save_mp_checkpoint_path=DIR) on a "
-                         "machine that can hold the full model"]))
+                         "machine that can hold the full model; kernel injection as for meta-checkpoint"]))
     return out
 
 
