@@ -14,7 +14,7 @@ from tests.helpers import EXAMPLES, run_cli
 QWEN72 = EXAMPLES / "qwen2-72b"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _qwen(gpus, **kw):  # a 72B plan takes seconds: tests that read the same plan share it
     return _plan(QWEN72, gpus, **kw)
 

@@ -202,9 +202,10 @@ def main() -> int:
             shutil.rmtree(directory, ignore_errors=True)
             t0 = time.time()
             log(f"writing {size} {fmt} checkpoint to {directory}")
-            proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
-                                   f"import loading_gpu as m; m.write_checkpoint({size!r}, {fmt!r}, {directory!r})"],
-                                  capture_output=True, text=True)
+            here = os.path.dirname(os.path.abspath(__file__))
+            script = (f"import sys; sys.path.insert(0, {here!r}); import loading_gpu as m; "
+                      f"m.write_checkpoint({size!r}, {fmt!r}, {directory!r})")
+            proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
             if proc.returncode != 0:
                 log(f"could not write the checkpoint: {proc.stderr.strip().splitlines()[-1:]}")
                 continue

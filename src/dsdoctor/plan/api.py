@@ -16,16 +16,17 @@ from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import recommend as rec
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
-from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.emit import code_for_plan
 from dsdoctor.plan.extra_paths import extra_paths
-from dsdoctor.plan.quant import QUANT_PATHS
-from dsdoctor.plan.gpu_caps import capability_of, detect_capability, run_dtype as _dtype_for_gpu
+from dsdoctor.plan.gpu_caps import capability_of, detect_capability
+from dsdoctor.plan.gpu_caps import run_dtype as _dtype_for_gpu
+from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.loading import apply_loading, find_checkpoint, methods_for
 from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
 from dsdoctor.plan.path_findings import path_findings
 from dsdoctor.plan.paths_tp import as_tp, estimate_split, parse_split, split_name, tp_splits
 from dsdoctor.plan.positions import hard_limit, position_limit
+from dsdoctor.plan.quant import QUANT_PATHS
 from dsdoctor.plan.result import PathPlan, PlanResult, Recommendation
 from dsdoctor.plan.speed import UNPINNED_FACTOR, estimate_speed
 from dsdoctor.plan.workload import Workload, make_workload
@@ -122,6 +123,8 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
          gpu_name: str | None = None) -> PlanResult:
+    """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
@@ -156,7 +159,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         speed = estimate_speed(as_tp(mem) if family == "tp" else mem, shape, wl, hw, k)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(estimate=estimate, method=method, **change):
+        def fits_with(estimate=estimate, method=method, **change):  # bound now: called within this iteration only
             m = estimate(dataclasses.replace(wl, **change))
             apply_loading(m, [method], hw.host_memory)
             return _fits(m, hw)[0]
@@ -195,8 +198,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
-    return PlanResult(model_info, wl.to_dict(), hw.to_dict(), knobs.to_dict() if knobs else None, plans,
-                      recommendation, findings, weights_only)
+    return PlanResult(model_info, wl, hw, knobs, plans, recommendation, findings, weights_only)
 
 
 def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
@@ -219,7 +221,8 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
         host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
         out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
     if cp is not None and "gpu" in cp.limits:
-        out.append(Finding("DSD204", {"path": cp.name, "need": human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes),
+        need = human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes)
+        out.append(Finding("DSD204", {"path": cp.name, "need": need,
                                       "capacity": human_bytes(hw.gpu_memory),
                                       "recommended": chosen.name if chosen else "none"}))
     plain = by.get("plain")
