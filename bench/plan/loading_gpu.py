@@ -66,6 +66,7 @@ def write_checkpoint(size: str, fmt: str, directory: str) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.02)
+    model = model.to("cpu")  # serializers read host memory (the writer is its own process)
     model.save_pretrained(directory, safe_serialization=(fmt == "safetensors"), max_shard_size="5GB")
     del model
     torch.cuda.empty_cache()
