@@ -67,9 +67,36 @@ def write_checkpoint(size: str, fmt: str, directory: str) -> None:
         for p in model.parameters():
             p.normal_(0, 0.02)
     model = model.to("cpu")  # serializers read host memory (the writer is its own process)
-    model.save_pretrained(directory, safe_serialization=(fmt == "safetensors"), max_shard_size="5GB")
+    if fmt == "safetensors":
+        model.save_pretrained(directory, max_shard_size="5GB")
+    else:  # transformers 5 writes only safetensors: .bin shards as transformers 4 wrote them (torch.save, zip)
+        model.config.save_pretrained(directory)
+        _save_bin(model.state_dict(), directory, 5 * 10**9)
     del model
     torch.cuda.empty_cache()
+
+
+def _save_bin(state: dict, directory: str, shard_bytes: int) -> None:
+    import torch
+
+    shards, current, size = [], {}, 0
+    for name, tensor in state.items():
+        n = tensor.numel() * tensor.element_size()
+        if current and size + n > shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = tensor.contiguous()
+        size += n
+    shards.append(current)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = f"pytorch_model-{i + 1:05d}-of-{len(shards):05d}.bin"
+        torch.save(shard, os.path.join(directory, fname))
+        for name, tensor in shard.items():
+            weight_map[name] = fname
+            total += tensor.numel() * tensor.element_size()
+    with open(os.path.join(directory, "pytorch_model.bin.index.json"), "w") as fh:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh)
 
 
 # ------------------------------------------------------------------------------------------ the child
@@ -180,7 +207,8 @@ def predicted(case: str, directory: str, size: str) -> dict:
         m = loading.zero3_methods(ckpt, "bf16", 1, weights)[0]
     else:
         m = {x.method: x for x in loading.tp_methods(ckpt, "bf16", 1, 1, weights, largest)}["cpu-model"]
-    return {"predicted_anon": m.anon_bytes, "predicted_file": m.file_bytes, "predicted_rss": m.peak_bytes,
+    return {"predicted_anon": m.anon_bytes, "predicted_file": m.file_rss_bytes,
+            "predicted_rss": m.anon_bytes + m.file_rss_bytes,
             "checkpoint_bytes": ckpt.total_bytes, "checkpoint_files": ckpt.files}
 
 
