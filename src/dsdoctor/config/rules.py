@@ -121,9 +121,9 @@ rule(
     "DSD103", "zero3-with-tensor-parallel", "warning",
     message={
         "en": "ZeRO stage {stage} combined with tensor parallelism ({source} = {tp_size}): every forward still "
-              "all-gathers each layer on top of the tensor-parallel split",
+              "all-gathers each layer on top of the tensor-parallel split{version_note}",
         "zh": "ZeRO stage {stage} 与张量并行（{source} = {tp_size}）同时使用：在张量并行切分之外，"
-              "每次前向仍要 all-gather 每一层",
+              "每次前向仍要 all-gather 每一层{version_note_zh}",
     },
     fix={
         "en": "Pick one path: tensor parallelism (deepspeed.init_inference with tensor_parallel.tp_size, no "

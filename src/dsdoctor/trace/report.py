@@ -340,7 +340,8 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if tp and "DSD103" in RULES:
         rec = next(x for x in records if x.rank == tp[0].rank)
         api = next((p.info.get("api") for p in rec.phases if p.name == "init"), "deepspeed")
-        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}"}))
+        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}",
+                                      "version_note": "", "version_note_zh": ""}))
 
     unsynced = sorted({rec.rank for rec in records for p in rec.phases
                        if p.name == "generate" and p.info.get("zero3_partitioned")
