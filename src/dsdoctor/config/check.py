@@ -118,7 +118,9 @@ class CheckResult:
                                                          "fp32 (no cast: weights keep their loaded dtype)"),
              _dtype_hf(h) if not fills else ""),
             ("tensor parallel", f"{e.tp_size}" + (f" ({e.tp_source})" if e.tp_source else ""), ""),
-            ("optimizer", e.optimizer_type or ("yes" if e.has_optimizer else "none"), ""),
+            ("optimizer", (e.optimizer_type or ("yes" if e.has_optimizer else "none")) + (
+                (" (Trainer 推理路径会删除)" if zh else " (deleted by the Trainer's inference path)")
+                if e.has_optimizer and self.runner and self.runner.hf_trainer and self.runner.inference else ""), ""),
             ("scheduler", e.scheduler_type or ("yes" if e.has_scheduler else "none"), ""),
         ]
         if e.zero_stage == 3:
@@ -212,7 +214,10 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
     spec = load_model_spec(model) if model is not None else None
     runner = detect_runner(loaded, mode)
     vers = resolve_versions(versions)
-    eff, hf = read_both(loaded, spec)
+    if runner.name == "init_inference":  # read as DeepSpeedInferenceConfig (below); initialize's reading is moot
+        eff, hf = effective_settings({}, "deepspeed"), effective_settings({}, "hf-trainer")
+    else:
+        eff, hf = read_both(loaded, spec)
     if gpus is None:
         gpus = loaded.num_processes
     inference_cfg = None

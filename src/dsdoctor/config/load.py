@@ -84,15 +84,24 @@ def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
     data, kind = _parse_file(path)
     if kind == "yaml":
         return _from_yaml(path, data)
-    if isinstance(data.get("deepspeed"), (str, dict)) and not _has_deepspeed_keys(data):
+    if is_trainer_args(data):
         return _from_trainer_args(path, data, "trainer-args")  # a TrainingArguments JSON
     return LoadedConfig(path=str(path), raw=data, kind=kind)
 
 
-def _has_deepspeed_keys(data: dict) -> bool:
+_TRAINING_ARGUMENT_KEYS = ("output_dir", "do_train", "do_eval", "do_predict", "per_device_train_batch_size",
+                           "per_device_eval_batch_size", "predict_with_generate", "model_name_or_path",
+                           "learning_rate", "num_train_epochs")
+
+
+def is_trainer_args(data: dict) -> bool:
+    """A trainer's arguments (TrainingArguments JSON, ...) naming a DeepSpeed config in ``deepspeed``, not a
+    DeepSpeed config (which has no ``deepspeed`` key; ``bf16: true`` is a TrainingArguments flag there)."""
     from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS
 
-    return any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in data)
+    if not isinstance(data.get("deepspeed"), (str, dict)) or "zero_optimization" in data:
+        return False
+    return any(k in data for k in _TRAINING_ARGUMENT_KEYS) or not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in data)
 
 
 def read_text(path: Path) -> str:
