@@ -45,6 +45,7 @@ RULE_MODULES = (
     "dsdoctor.config.rules_configs",
     "dsdoctor.plan.rules",
     "dsdoctor.trace.rules",
+    "dsdoctor.trace.rules_init",
     "dsdoctor.checkpoint.rules",
     "dsdoctor.compare.rules",
 )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from dsdoctor.findings import RULES, Finding, all_rules, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
@@ -366,7 +367,10 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
-    peak = _peak_finding(ranks)
+    unpartitioned = _unpartitioned_finding(ranks, records)
+    if unpartitioned:
+        out.append(unpartitioned)
+    peak = _peak_finding(ranks, unpartitioned_at_init=unpartitioned is not None)
     if peak:
         out.append(peak)
 
@@ -444,7 +448,44 @@ _PHASE_ADVICE = {
 }
 
 
-def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
+def _why_unpartitioned(rec: RankRecord) -> tuple[str, str]:
+    """Why the model was not built under zero.Init, from the order of HfDeepSpeedConfig and from_pretrained."""
+    loads = [p for p in rec.phases if p.name == "load"]
+    hf = [c for c in rec.configs if c.get("api") == "HfDeepSpeedConfig"]
+    if not hf:
+        return ("no HfDeepSpeedConfig was created and the model was not built under zero.Init",
+                "没有创建 HfDeepSpeedConfig，模型也不是在 zero.Init 下构建的")
+    if loads and all((c.get("t") or 0) > loads[0].t_start for c in hf):
+        return ("HfDeepSpeedConfig was created after from_pretrained", "HfDeepSpeedConfig 是在 from_pretrained 之后才创建的")
+    if loads and not any(p.info.get("hf_zero3") for p in loads):
+        return ("HfDeepSpeedConfig was created but was no longer alive when from_pretrained ran (no reference kept)",
+                "HfDeepSpeedConfig 虽已创建，但 from_pretrained 运行时它已不存活（没有保留引用）")
+    return ("the model was built outside zero.Init", "模型是在 zero.Init 之外构建的")
+
+
+def _unpartitioned_finding(ranks: list[RankSummary], records: list[RankRecord]) -> Finding | None:
+    for rec in records:
+        init = next((p for p in rec.phases if p.name == "init" and p.info.get("api") == "deepspeed.initialize"
+                     and p.info.get("model_at_initialize")), None)
+        if init is None:
+            continue
+        state = init.info["model_at_initialize"]
+        summary = next((r for r in ranks if r.rank == rec.rank), None)
+        stage = summary.zero_stage if summary and summary.zero_stage is not None else (
+            summary.configured_stage if summary else None)
+        if str(stage) != "3" or not state.get("unpartitioned"):
+            continue
+        why, why_zh = _why_unpartitioned(rec)
+        f = Finding("DSD340", {"rank": rec.rank, "unpartitioned": state["unpartitioned"], "params": state["params"],
+                               "bytes": human_bytes(state.get("unpartitioned_bytes")), "why": why, "why_zh": why_zh,
+                               "unpartitioned_bytes": state.get("unpartitioned_bytes")})
+        if (init.error and init.error.get("oom")) or (summary and (summary.peak_phase or "").startswith("init")):
+            f.severity = "error"
+        return f
+    return None
+
+
+def _peak_finding(ranks: list[RankSummary], unpartitioned_at_init: bool = False) -> Finding | None:
     gpu = any(r.peak_gpu_bytes is not None for r in ranks)
     key = "peak_host_bytes"
     if gpu:
@@ -457,6 +498,11 @@ def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
     base = phase.split("#")[0]
     advice = _PHASE_ADVICE.get(base, ("something the script does outside the observed calls",
                                       "脚本在被观察调用之外做的事情"))
+    if base == "init" and unpartitioned_at_init:
+        advice = ("the whole unpartitioned model that deepspeed.initialize moves to the device: build it under "
+                  "zero.Init (HfDeepSpeedConfig before from_pretrained, kept alive; see DSD340)",
+                  "deepspeed.initialize 搬到设备上的整个未分片模型：在 zero.Init 下构建它（在 from_pretrained 之前创建并保留 "
+                  "HfDeepSpeedConfig；见 DSD340）")
     return Finding("DSD304", {"kind": "GPU" if gpu else "host", "kind_zh": "GPU " if gpu else "主机", "peak": human_bytes(getattr(top, key)),
                               "rank": top.rank, "phase": phase, "advice": f"the peak is {advice[0]}",
                               "advice_zh": f"峰值来自{advice[1]}"})
