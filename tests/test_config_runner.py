@@ -164,3 +164,23 @@ def test_cli_shows_runner_and_mode_in_text_and_json():
     assert data["runner"]["mode_source"] == "--mode" and data["versions"]["deepspeed"]["source"]
     zh = run_cli("check", DATA / "llamafactory_predict_z3.yaml", "--lang", "zh")
     assert "运行方" in zh.stdout and "DSD120" in zh.stdout
+
+
+def test_missing_referenced_config_still_gets_the_mode_verdict_from_its_name(tmp_path):
+    y = tmp_path / "lf.yaml"
+    y.write_text("model_name_or_path: Qwen/Qwen2-72B-Instruct\nstage: sft\ndo_predict: true\n"
+                 "predict_with_generate: true\ndeepspeed: examples/deepspeed/ds_z3_offload_config.json\n")
+    r = check(y)
+    assert {"DSD113", "DSD120"} <= set(codes(r)) and r.stage_from_name == 3
+    assert "the name says 3" in r.to_text("en")
+    y.write_text("stage: sft\ndo_predict: true\ndeepspeed: missing/ds_z2_config.json\n")
+    assert "DSD121" in codes(check(y))
+
+
+def test_script_reading_deepspeed_config_itself_is_raw_deepspeed(tmp_path):
+    (tmp_path / "ds.json").write_text((DATA / "ds_z3_auto.json").read_text())
+    cmd = tmp_path / "run.sh"
+    cmd.write_text(f"deepspeed --num_gpus 2 infer.py --deepspeed --deepspeed_config {tmp_path / 'ds.json'}\n")
+    r = check(cmd)
+    assert (r.kind, r.runner.name, r.mode) == ("command", "deepspeed", "inference")
+    assert codes(r)["DSD105"] == "error"  # nothing fills "auto" for a script that calls deepspeed.initialize

@@ -43,6 +43,8 @@ class CheckResult:
     runner: Runner | None = None  # what runs the config, and its mode
     versions: Versions | None = None  # DeepSpeed / transformers / accelerate versions checked against
     inference_config: InferenceSettings | None = None  # an init_inference config, as DeepSpeed reads it
+    ref_missing: bool = False  # the DeepSpeed config a trainer names was not found
+    stage_from_name: int | None = None  # its stage, as its file name says
 
     def to_dict(self, lang: str = "en") -> dict:
         eff = self.effective.to_dict()
@@ -111,7 +113,9 @@ class CheckResult:
             return fmt(hv.value) if hv.value is not None else hv.note
 
         rows = [
-            ("ZeRO stage", e.zero_stage, hfv("zero_stage")),
+            ("ZeRO stage", e.zero_stage if not self.ref_missing else (
+                "?" + (f" ({'文件名表明' if zh else 'the name says'} {self.stage_from_name})"
+                       if self.stage_from_name is not None else "")), hfv("zero_stage")),
             ("offload_param", off(e.offload_param), ""),
             ("offload_optimizer", off(e.offload_optimizer), ""),
             ("dtype", e.dtype if e.dtype != "fp32" else ("fp32 (不转换，保持加载时的 dtype)" if zh else
@@ -252,6 +256,7 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         config=loaded.name, kind=loaded.kind, mode=runner.mode, effective=eff, hf_trainer=hf,
         findings=sort_findings(findings), model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
         ref_path=loaded.ref_path, runner=runner, versions=vers, inference_config=inference_cfg,
+        ref_missing=loaded.ref_missing, stage_from_name=loaded.stage_from_name,
     )
 
 

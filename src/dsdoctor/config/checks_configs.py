@@ -45,7 +45,8 @@ def model_size_text(runner: Runner, spec: ModelSpec | None) -> tuple[str, str] |
 def runner_findings(loaded: LoadedConfig, eff: Effective, runner: Runner, spec: ModelSpec | None) -> list[Finding]:
     out: list[Finding] = []
     src = loaded.source or {}
-    if runner.hf_trainer and runner.predict_with_generate and eff.zero_stage == 3:
+    stage = loaded.stage_from_name if loaded.ref_missing else eff.zero_stage
+    if runner.hf_trainer and runner.predict_with_generate and stage == 3:
         size = model_size_text(runner, spec)
         lf = runner.name == "llamafactory"
         if lf:
@@ -68,10 +69,10 @@ def runner_findings(loaded: LoadedConfig, eff: Effective, runner: Runner, spec: 
         if not lf:
             f.severity = "warning"
         out.append(f)
-    if runner.hf_trainer and runner.mode in ("eval", "predict", "predict-with-generate") and eff.zero_stage != 3 \
-            and runner.mode_source != "--mode":
-        out.append(Finding("DSD121", {"runner": runner.label, "mode": runner.mode, "stage": eff.zero_stage}))
-    if runner.name == "llamafactory" and _true(src.get("pure_bf16")) and eff.zero_stage == 3:
+    if runner.hf_trainer and runner.mode in ("eval", "predict", "predict-with-generate") and stage is not None \
+            and stage != 3 and runner.mode_source != "--mode":
+        out.append(Finding("DSD121", {"runner": runner.label, "mode": runner.mode, "stage": stage}))
+    if runner.name == "llamafactory" and _true(src.get("pure_bf16")) and stage == 3:
         out.append(Finding("DSD131", {}))
     return out
 

@@ -45,6 +45,7 @@ class LoadedConfig:
     num_processes: int | None = None  # accelerate YAML: how many ranks it launches
     mixed_precision: str | None = None  # accelerate YAML / trainer YAML: "bf16", "fp16", "no"
     notes: list[str] = field(default_factory=list)
+    stage_from_name: int | None = None  # a missing referenced file's ZeRO stage, as its name says (ds_z3_config.json)
 
     @property
     def name(self) -> str:
@@ -407,10 +408,21 @@ def _from_trainer_args(path: Path, data: dict, kind: str) -> LoadedConfig:
     loaded.ref_path = str(ref_path)
     if ref_data is None:
         loaded.ref_missing = True
-        loaded.notes.append(f"deepspeed config {ref} named in this file was not found; nothing to check")
+        loaded.stage_from_name = stage_in_name(ref)
+        hint = f" (its name says ZeRO stage {loaded.stage_from_name})" if loaded.stage_from_name is not None else ""
+        loaded.notes.append(f"deepspeed config {ref} named in this file was not found{hint}; its keys are not checked")
     else:
         loaded.raw = _fill_accelerate_precision(ref_data, mixed)
     return loaded
+
+
+_STAGE_IN_NAME = re.compile(r"(?:^|[^a-z])(?:z|zero|stage|zero_stage|zero-stage)[_-]?([0-3])(?![0-9])", re.IGNORECASE)
+
+
+def stage_in_name(ref: str) -> int | None:
+    """The ZeRO stage a config's file name states (ds_z3_config.json, zero3_offload.json, zero_stage2.json)."""
+    m = _STAGE_IN_NAME.search(Path(str(ref)).name)
+    return int(m.group(1)) if m else None
 
 
 # --- command lines -------------------------------------------------------------------------------------
@@ -488,4 +500,15 @@ def from_command(path: Path, text: str) -> LoadedConfig:
                 return _from_trainer_args(ypath, merged, "command")
     if "deepspeed" in args and args["deepspeed"] is not True:
         return _from_trainer_args(path, args, "command")
-    raise InputError("is a command line without --deepspeed CONFIG (nothing names a DeepSpeed config)", path=path)
+    for key in ("deepspeed_config", "deepscale_config", "ds_config"):  # deepspeed.add_config_arguments, scripts
+        if isinstance(args.get(key), str):
+            ref_path, ref_data = _read_ref(path, args[key])
+            args["_raw_deepspeed"] = key
+            loaded = LoadedConfig(path=str(path), raw=ref_data or {}, kind="command", source=args,
+                                  ref_path=str(ref_path), ref_missing=ref_data is None)
+            if ref_data is None:
+                loaded.stage_from_name = stage_in_name(args[key])
+                loaded.notes.append(f"--{key} {args[key]} was not found; its keys are not checked")
+            return loaded
+    raise InputError("is a command line without --deepspeed CONFIG or --deepspeed_config CONFIG (nothing names a "
+                     "DeepSpeed config)", path=path)

@@ -141,6 +141,11 @@ def detect_runner(loaded: LoadedConfig, mode: str | None = None) -> Runner:
     src = loaded.source or {}
     if loaded.kind == "accelerate-yaml":
         r = Runner("accelerate", "inference", "default: an accelerate config does not say what the script does")
+    elif loaded.kind == "command" and src.get("_raw_deepspeed"):  # a script reading --deepspeed_config itself
+        m, why = _trainer_mode("deepspeed", src, "")
+        if why.startswith("default"):
+            m, why = "inference", "default"
+        r = Runner("deepspeed", m, why, command=src.get("_command") or None)
     elif loaded.kind in ("trainer-yaml", "trainer-args", "command"):
         command = src.get("_command") or None
         name = _which_trainer(src, command or "", loaded.ref_path)
