@@ -103,7 +103,7 @@ class CheckResult:
 
         def show(v):
             if v is None:
-                return "?" if not zh else "?"
+                return "? (由 hidden_size 决定，传 --model)" if zh else "? (from hidden_size: pass --model)"
             return human_count(v) if isinstance(v, int) and v >= 10_000 else str(v)
 
         def hfv(key, fmt=show):
