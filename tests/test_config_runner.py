@@ -184,3 +184,26 @@ def test_script_reading_deepspeed_config_itself_is_raw_deepspeed(tmp_path):
     r = check(cmd)
     assert (r.kind, r.runner.name, r.mode) == ("command", "deepspeed", "inference")
     assert codes(r)["DSD105"] == "error"  # nothing fills "auto" for a script that calls deepspeed.initialize
+
+
+def test_runner_flag_for_a_bare_deepspeed_json():
+    r = check(DATA / "ds_z3_auto.json", runner="llamafactory", mode="predict")
+    assert (r.runner.name, r.mode) == ("llamafactory", "predict") and "DSD105" not in codes(r)
+    assert codes(check(DATA / "ds_z3_auto.json"))["DSD105"] == "error"
+    proc = run_cli("check", DATA / "ds_z3_auto.json", "--runner", "nope")
+    assert proc.returncode == 2
+
+
+def test_command_naming_a_trainer_yaml_or_accelerate_config(tmp_path):
+    (tmp_path / "ds.json").write_text((DATA / "ds_z3_auto.json").read_text())
+    (tmp_path / "lf.yaml").write_text("stage: sft\ndo_train: true\ntemplate: qwen\ndeepspeed: ds.json\n")
+    cmd = tmp_path / "run.sh"
+    cmd.write_text(f"FORCE_TORCHRUN=1 llamafactory-cli train {tmp_path / 'lf.yaml'}\n")
+    r = check(cmd)
+    assert (r.runner.name, r.mode, r.runner.command) == ("llamafactory", "train", "llamafactory-cli train")
+    (tmp_path / "acc.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n")
+    cmd.write_text(f"accelerate launch --config_file {tmp_path / 'acc.yaml'} train.py\n")
+    assert check(cmd).runner.name == "accelerate"
+    cmd.write_text("llamafactory-cli train missing.yaml\n")
+    proc = run_cli("check", cmd)
+    assert proc.returncode == 2 and "missing.yaml" in proc.stderr

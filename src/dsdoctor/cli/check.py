@@ -15,6 +15,7 @@ def register(sub):
         "  dsdoctor check llamafactory_predict.yaml --model ./Meta-Llama-3-8B   (runner and mode read from the YAML)\n"
         "  dsdoctor check swift_cmd.sh            (a launch command: swift sft --deepspeed zero3 ...)\n"
         "  dsdoctor check init_inference.json --gpu-name V100\n"
+        "  dsdoctor check ds_z3_config.json --runner llamafactory --mode predict-with-generate\n"
         "  dsdoctor check ds_config.json --deepspeed-version 0.15.0 --transformers-version 4.44.2",
     )
     p.add_argument("config", help="DeepSpeed config (JSON/HJSON), init_inference config, accelerate YAML, trainer "
@@ -26,6 +27,10 @@ def register(sub):
     p.add_argument("--model", metavar="DIR", help="local model directory or config.json (sizes findings in bytes)")
     p.add_argument("--gpus", type=int, metavar="N", help="number of GPUs (ranks) it runs on")
     p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree used with it")
+    p.add_argument("--runner", choices=("deepspeed", "init_inference", "hf-trainer", "llamafactory", "axolotl",
+                                        "ms-swift", "accelerate"), default=None,
+                   help="what runs a bare DeepSpeed JSON (default: read from the file; a DeepSpeed JSON alone is "
+                        "raw deepspeed.initialize)")
     p.add_argument("--gpu-name", metavar="NAME", help="GPU the config runs on (e.g. A100, V100): bf16 or fp16 in "
                                                        "suggested configs (default: this machine's, else bf16)")
     for pkg in ("deepspeed", "transformers", "accelerate"):
@@ -41,6 +46,6 @@ def run(args) -> int:
     versions = {pkg: getattr(args, f"{pkg}_version") for pkg in ("deepspeed", "transformers", "accelerate")
                 if getattr(args, f"{pkg}_version")}
     result = check(args.config, mode=args.mode, model=args.model, gpus=args.gpus, tp=args.tp,
-                   versions=versions or None, gpu_name=args.gpu_name)
+                   versions=versions or None, gpu_name=args.gpu_name, runner=args.runner)
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

@@ -201,13 +201,15 @@ def _dtype_hf(h: Effective) -> str:
 
 
 def check(config, mode: str | None = None, model: str | os.PathLike | None = None, gpus: int | None = None,
-          tp: int | None = None, versions: dict | None = None, gpu_name: str | None = None) -> CheckResult:
+          tp: int | None = None, versions: dict | None = None, gpu_name: str | None = None,
+          runner: str | None = None) -> CheckResult:
     """Check a DeepSpeed config (path, dict or LoadedConfig) for what runs it and its mode.
 
     ``mode`` (train, eval, predict, predict-with-generate, inference; "training" = train) overrides the mode
     read from the file; by default a trainer's arguments say it and a bare DeepSpeed config is checked for
     inference. ``versions`` ({"deepspeed": "0.15.0", ...}) replaces the installed versions; ``gpu_name`` the GPU
-    of this machine (for the dtype of a suggested config).
+    of this machine (for the dtype of a suggested config); ``runner`` ("hf-trainer", "llamafactory", ...) says what
+    runs a bare DeepSpeed JSON.
     """
     if mode is not None and mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -216,7 +218,8 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
             raise InputError(f"{name} must be a positive integer, not {v!r}")
     loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     spec = load_model_spec(model) if model is not None else None
-    runner = detect_runner(loaded, mode)
+    runner_name = runner
+    runner = detect_runner(loaded, mode, runner_name)
     vers = resolve_versions(versions)
     if runner.name == "init_inference":  # read as DeepSpeedInferenceConfig (below); initialize's reading is moot
         eff, hf = effective_settings({}, "deepspeed"), effective_settings({}, "hf-trainer")

@@ -490,9 +490,17 @@ def parse_command(text: str) -> dict:
 def from_command(path: Path, text: str) -> LoadedConfig:
     args = parse_command(text)
     script = args.get("_script")
+    if "deepspeed" not in args and isinstance(args.get("config_file"), str) and \
+            args.get("_command", "").startswith("accelerate"):  # accelerate launch --config_file acc.yaml ...
+        ref_path = _read_ref(path, args["config_file"])[0]
+        if not ref_path.exists():
+            raise InputError(f"names accelerate config {args['config_file']}, which was not found", path=path)
+        return load_config(ref_path)
     if "deepspeed" not in args and script and script.endswith((".yaml", ".yml")):
         # llamafactory-cli train x.yaml / axolotl train x.yml: the YAML holds the arguments
         ypath, ydata = _read_ref(path, script)
+        if ydata is None:
+            raise InputError(f"names {script}, which was not found (the trainer's arguments are in it)", path=path)
         if isinstance(ydata, dict):
             merged = dict(ydata, **{k: v for k, v in args.items() if not k.startswith("_")})
             merged["_command"] = args["_command"]

@@ -131,8 +131,13 @@ def size_from_name(name: str | None) -> str | None:
     return f"{m.group(1)}B" if m else None
 
 
-def detect_runner(loaded: LoadedConfig, mode: str | None = None) -> Runner:
-    """The runner and mode of ``loaded``; ``mode`` (from ``--mode``) overrides the detected mode."""
+def detect_runner(loaded: LoadedConfig, mode: str | None = None, runner: str | None = None) -> Runner:
+    """The runner and mode of ``loaded``; ``mode`` (``--mode``) and ``runner`` (``--runner``, for a bare DeepSpeed
+    JSON that a trainer runs) override what the file says."""
+    if runner is not None and runner not in LABELS:
+        from dsdoctor.errors import InputError
+
+        raise InputError(f"runner must be one of {', '.join(LABELS)}, not {runner!r}")
     mode = normalize_mode(mode)
     if mode is not None and mode not in MODES:
         from dsdoctor.errors import InputError
@@ -157,6 +162,12 @@ def detect_runner(loaded: LoadedConfig, mode: str | None = None) -> Runner:
         r = Runner("init_inference", "inference", "init_inference keys")
     else:
         r = Runner("deepspeed", "inference", "default")
+    if runner is not None and runner != r.name:
+        r.name = runner
+        if runner in HF_TRAINER_RUNNERS and mode is None:
+            r.mode, r.mode_source = "train", "default for --runner " + runner
+        elif mode is None:
+            r.mode, r.mode_source = "inference", "default for --runner " + runner
     if mode is not None:
         r.mode, r.mode_source = mode, "--mode"
     return r
