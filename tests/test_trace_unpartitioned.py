@@ -86,3 +86,17 @@ def test_real_two_rank_run(tmp_path, order):
     assert f["values"]["unpartitioned"] == f["values"]["params"] > 0 and f["values"]["unpartitioned_bytes"] > 0
     want = "created after from_pretrained" if order == "after" else "no longer alive"
     assert want in f["message"] and "keep the reference alive" in f["fix"]
+
+
+def test_partition_state_counts_parameters_without_zero_ids():
+    import torch
+
+    from dsdoctor.trace.observer.hooks import _partition_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2, bias=False))
+    state = _partition_state(model)
+    assert (state["params"], state["unpartitioned"]) == (3, 3)
+    assert state["unpartitioned_bytes"] == (8 * 4 + 4 + 4 * 2) * 4
+    model[0].weight.ds_id = 0  # as zero.Init marks what it partitioned
+    assert _partition_state(model)["unpartitioned"] == 2
+    assert _partition_state(None) is None
