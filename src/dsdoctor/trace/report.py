@@ -455,11 +455,13 @@ def _why_unpartitioned(rec: RankRecord) -> tuple[str, str]:
     if not hf:
         return ("no HfDeepSpeedConfig was created and the model was not built under zero.Init",
                 "没有创建 HfDeepSpeedConfig，模型也不是在 zero.Init 下构建的")
+    api = (loads[0].info.get("api") or "from_pretrained") if loads else "from_pretrained"
     if loads and all((c.get("t") or 0) > loads[0].t_start for c in hf):
-        return ("HfDeepSpeedConfig was created after from_pretrained", "HfDeepSpeedConfig 是在 from_pretrained 之后才创建的")
+        return (f"HfDeepSpeedConfig was created after the model was built ({api})",
+                f"HfDeepSpeedConfig 是在模型构建（{api}）之后才创建的")
     if loads and not any(p.info.get("hf_zero3") for p in loads):
-        return ("HfDeepSpeedConfig was created but was no longer alive when from_pretrained ran (no reference kept)",
-                "HfDeepSpeedConfig 虽已创建，但 from_pretrained 运行时它已不存活（没有保留引用）")
+        return (f"HfDeepSpeedConfig was created but was no longer alive when {api} ran (no reference kept)",
+                f"HfDeepSpeedConfig 虽已创建，但 {api} 运行时它已不存活（没有保留引用）")
     return ("the model was built outside zero.Init", "模型是在 zero.Init 之外构建的")
 
 
