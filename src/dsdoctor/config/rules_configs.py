@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from dsdoctor.findings import rule
 
+try:
+    from dsdoctor.findings import explanation
+except ImportError:  # before the one-anatomy refactor lands: the same "## heading" sections, built here
+    def explanation(*, en, zh):
+        heads = {"en": ("What it does", "Why is this bad?", "Example", "Use instead"),
+                 "zh": ("作用", "为什么有问题？", "示例", "应改为")}
+        return {lang: "\n\n".join(f"## {h}\n{b.strip()}" for h, b in zip(heads[lang], parts)) + "\n"
+                for lang, parts in (("en", en), ("zh", zh))}
+
 rule(
     "DSD120", "predict-with-generate-under-zero3", "error",
     message={
@@ -14,47 +23,49 @@ rule(
         "en": "{way_out}",
         "zh": "{way_out_zh}",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags generation (`predict_with_generate: true`) through a trainer whose DeepSpeed config is ZeRO-3.
-
-Why is this bad?
-  LLaMA-Factory refuses the combination when it parses its arguments: "`predict_with_generate` is
-  incompatible with DeepSpeed ZeRO-3". The HF Seq2SeqTrainer accepts it, but ZeRO-3 is SPMD: every rank
-  gathers every layer for every generated token (`synced_gpus` on), so generation runs many times slower
-  than a plain load. A model that fits one GPU (an 8B model is about 16 GiB in bf16) needs no ZeRO-3 to
-  generate at all.
-
-Example
-  do_predict: true
-  predict_with_generate: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
-
-Use instead
-  Drop `deepspeed:` from the predict YAML and run one replica per GPU on a shard of the data, or
-  batch-generate with a serving engine (vLLM, SGLang) from the saved model. Keep ZeRO-3 for training.
+    explanation=explanation(
+        en=(
+            """\
+Flags generation (`predict_with_generate: true`) through a trainer whose DeepSpeed config is ZeRO-3.
 """,
-        "zh": """\
-作用
-  检查通过训练框架在 ZeRO-3 配置下做生成（`predict_with_generate: true`）。
-
-为什么有问题？
-  LLaMA-Factory 在解析参数时就会拒绝："`predict_with_generate` is incompatible with DeepSpeed ZeRO-3"。
-  HF Seq2SeqTrainer 虽然接受，但 ZeRO-3 是 SPMD：每生成一个 token，每个 rank 都要 gather 每一层
-  （`synced_gpus` 开启），生成比直接加载慢很多倍。单卡放得下的模型（8B 模型 bf16 约 16 GiB）生成时根本
-  不需要 ZeRO-3。
-
-示例
-  do_predict: true
-  predict_with_generate: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
-
-应改为
-  预测用的 YAML 去掉 `deepspeed:`，每张 GPU 跑一个副本处理一部分数据；或用推理服务引擎（vLLM、SGLang）
-  对保存的模型批量生成。ZeRO-3 留给训练。
+            """\
+LLaMA-Factory refuses the combination when it parses its arguments: "`predict_with_generate` is
+incompatible with DeepSpeed ZeRO-3". The HF Seq2SeqTrainer accepts it, but ZeRO-3 is SPMD: every rank
+gathers every layer for every generated token (`synced_gpus` on), so generation runs many times slower
+than a plain load. A model that fits one GPU (an 8B model is about 16 GiB in bf16) needs no ZeRO-3 to
+generate at all.
 """,
-    },
+            """\
+do_predict: true
+predict_with_generate: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+            """\
+Drop `deepspeed:` from the predict YAML and run one replica per GPU on a shard of the data, or
+batch-generate with a serving engine (vLLM, SGLang) from the saved model. Keep ZeRO-3 for training.
+""",
+        ),
+        zh=(
+            """\
+检查通过训练框架在 ZeRO-3 配置下做生成（`predict_with_generate: true`）。
+""",
+            """\
+LLaMA-Factory 在解析参数时就会拒绝："`predict_with_generate` is incompatible with DeepSpeed ZeRO-3"。
+HF Seq2SeqTrainer 虽然接受，但 ZeRO-3 是 SPMD：每生成一个 token，每个 rank 都要 gather 每一层
+（`synced_gpus` 开启），生成比直接加载慢很多倍。单卡放得下的模型（8B 模型 bf16 约 16 GiB）生成时根本
+不需要 ZeRO-3。
+""",
+            """\
+do_predict: true
+predict_with_generate: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+            """\
+预测用的 YAML 去掉 `deepspeed:`，每张 GPU 跑一个副本处理一部分数据；或用推理服务引擎（vLLM、SGLang）
+对保存的模型批量生成。ZeRO-3 留给训练。
+""",
+        ),
+    ),
 )
 
 rule(
@@ -69,44 +80,46 @@ rule(
         "en": "Evaluate/predict without DeepSpeed (drop the deepspeed argument), or use a stage-3 config",
         "zh": "评估/预测时不要用 DeepSpeed（去掉 deepspeed 参数），或改用 stage 3 配置",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags evaluation or prediction without training (`do_eval`/`do_predict`, no `do_train`) through the HF
-  Trainer with a ZeRO stage below 3.
-
-Why is this bad?
-  Without training, the Trainer builds DeepSpeed through `deepspeed_init(inference=True)`
-  (transformers/integrations/deepspeed.py), which accepts only ZeRO-3 (stages 1 and 2 shard nothing a
-  forward pass uses) and raises a ValueError before the first batch. It also deletes the optimizer section,
-  so optimizer findings do not apply on this path.
-
-Example
-  do_predict: true
-  deepspeed: ds_z2_config.json
-
-Use instead
-  do_predict: true      (no deepspeed: the model fits one GPU)
-  or deepspeed: ds_z3_config.json when it does not fit.
+    explanation=explanation(
+        en=(
+            """\
+Flags evaluation or prediction without training (`do_eval`/`do_predict`, no `do_train`) through the HF
+Trainer with a ZeRO stage below 3.
 """,
-        "zh": """\
-作用
-  检查通过 HF Trainer 只做评估或预测（`do_eval`/`do_predict`，没有 `do_train`）时 ZeRO stage 低于 3。
-
-为什么有问题？
-  不训练时，Trainer 通过 `deepspeed_init(inference=True)`（transformers/integrations/deepspeed.py）构建
-  DeepSpeed，它只接受 ZeRO-3（stage 1、2 对前向计算用到的东西不做任何分片），在第一个 batch 之前就抛出
-  ValueError。它还会删除 optimizer 段，所以优化器相关的问题在这条路径上不适用。
-
-示例
-  do_predict: true
-  deepspeed: ds_z2_config.json
-
-应改为
-  do_predict: true      （不用 deepspeed：单卡放得下模型）
-  放不下时用 deepspeed: ds_z3_config.json
+            """\
+Without training, the Trainer builds DeepSpeed through `deepspeed_init(inference=True)`
+(transformers/integrations/deepspeed.py), which accepts only ZeRO-3 (stages 1 and 2 shard nothing a
+forward pass uses) and raises a ValueError before the first batch. It also deletes the optimizer section,
+so optimizer findings do not apply on this path.
 """,
-    },
+            """\
+do_predict: true
+deepspeed: ds_z2_config.json
+""",
+            """\
+do_predict: true      (no deepspeed: the model fits one GPU)
+or deepspeed: ds_z3_config.json when it does not fit.
+""",
+        ),
+        zh=(
+            """\
+检查通过 HF Trainer 只做评估或预测（`do_eval`/`do_predict`，没有 `do_train`）时 ZeRO stage 低于 3。
+""",
+            """\
+不训练时，Trainer 通过 `deepspeed_init(inference=True)`（transformers/integrations/deepspeed.py）构建
+DeepSpeed，它只接受 ZeRO-3（stage 1、2 对前向计算用到的东西不做任何分片），在第一个 batch 之前就抛出
+ValueError。它还会删除 optimizer 段，所以优化器相关的问题在这条路径上不适用。
+""",
+            """\
+do_predict: true
+deepspeed: ds_z2_config.json
+""",
+            """\
+do_predict: true      （不用 deepspeed：单卡放得下模型）
+放不下时用 deepspeed: ds_z3_config.json
+""",
+        ),
+    ),
 )
 
 rule(
@@ -123,49 +136,51 @@ rule(
         "zh": "要做 ZeRO-3 推理，请调用 deepspeed.initialize(model=model, config={config})（不带优化器），并在 "
               "HfDeepSpeedConfig 或 zero.Init 下构建模型；{dtype_note_zh}",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags a `zero` section in a config for `deepspeed.init_inference`.
-
-Why is this bad?
-  `DeepSpeedInferenceConfig` has a `zero` field, so the section passes validation, but nothing in the
-  inference engine reads it: no partitioning, no offload_param. The model stays whole on every GPU (or
-  is split by tensor parallelism only), and the OOM the section was meant to prevent happens anyway.
-  ZeRO-3 inference is `deepspeed.initialize` with a stage-3 config and no optimizer.
-
-Example
-  deepspeed.init_inference(model, config={"dtype": "bf16",
-      "zero": {"stage": 3, "offload_param": {"device": "cpu"}}})
-
-Use instead
-  ds_config = {"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 1,
-               "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true}}}
-  dschf = HfDeepSpeedConfig(ds_config)   # before from_pretrained, kept alive
-  model = AutoModelForCausalLM.from_pretrained(...)
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
+    explanation=explanation(
+        en=(
+            """\
+Flags a `zero` section in a config for `deepspeed.init_inference`.
 """,
-        "zh": """\
-作用
-  检查传给 `deepspeed.init_inference` 的配置中的 `zero` 段。
-
-为什么有问题？
-  `DeepSpeedInferenceConfig` 有 `zero` 字段，所以能通过校验，但推理引擎从不读取它：不分片，也没有
-  offload_param。模型在每张 GPU 上都是完整的（最多按张量并行切分），这个段本想避免的 OOM 照样发生。
-  ZeRO-3 推理应使用 `deepspeed.initialize` 加 stage 3 配置、不带优化器。
-
-示例
-  deepspeed.init_inference(model, config={"dtype": "bf16",
-      "zero": {"stage": 3, "offload_param": {"device": "cpu"}}})
-
-应改为
-  ds_config = {"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 1,
-               "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true}}}
-  dschf = HfDeepSpeedConfig(ds_config)   # 在 from_pretrained 之前创建并保持存活
-  model = AutoModelForCausalLM.from_pretrained(...)
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
+            """\
+`DeepSpeedInferenceConfig` has a `zero` field, so the section passes validation, but nothing in the
+inference engine reads it: no partitioning, no offload_param. The model stays whole on every GPU (or
+is split by tensor parallelism only), and the OOM the section was meant to prevent happens anyway.
+ZeRO-3 inference is `deepspeed.initialize` with a stage-3 config and no optimizer.
 """,
-    },
+            """\
+deepspeed.init_inference(model, config={"dtype": "bf16",
+    "zero": {"stage": 3, "offload_param": {"device": "cpu"}}})
+""",
+            """\
+ds_config = {"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 1,
+             "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true}}}
+dschf = HfDeepSpeedConfig(ds_config)   # before from_pretrained, kept alive
+model = AutoModelForCausalLM.from_pretrained(...)
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+""",
+        ),
+        zh=(
+            """\
+检查传给 `deepspeed.init_inference` 的配置中的 `zero` 段。
+""",
+            """\
+`DeepSpeedInferenceConfig` 有 `zero` 字段，所以能通过校验，但推理引擎从不读取它：不分片，也没有
+offload_param。模型在每张 GPU 上都是完整的（最多按张量并行切分），这个段本想避免的 OOM 照样发生。
+ZeRO-3 推理应使用 `deepspeed.initialize` 加 stage 3 配置、不带优化器。
+""",
+            """\
+deepspeed.init_inference(model, config={"dtype": "bf16",
+    "zero": {"stage": 3, "offload_param": {"device": "cpu"}}})
+""",
+            """\
+ds_config = {"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 1,
+             "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": true}}}
+dschf = HfDeepSpeedConfig(ds_config)   # 在 from_pretrained 之前创建并保持存活
+model = AutoModelForCausalLM.from_pretrained(...)
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+""",
+        ),
+    ),
 )
 
 rule(
@@ -180,37 +195,39 @@ rule(
         "en": "Rename \"zero\" to \"zero_optimization\": {config}",
         "zh": "把 \"zero\" 改名为 \"zero_optimization\"：{config}",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags a top-level `zero` key in a config for `deepspeed.initialize`.
-
-Why is this bad?
-  DeepSpeed ignores top-level keys it does not know, and the ZeRO section is spelled
-  `zero_optimization`. A `zero` section is silently dropped: stage 0, no partitioning, no offload, and
-  the model is copied whole to every GPU.
-
-Example
-  {"zero": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
-
-Use instead
-  {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+    explanation=explanation(
+        en=(
+            """\
+Flags a top-level `zero` key in a config for `deepspeed.initialize`.
 """,
-        "zh": """\
-作用
-  检查 `deepspeed.initialize` 配置中的顶层 `zero` 键。
-
-为什么有问题？
-  DeepSpeed 会忽略不认识的顶层键，而 ZeRO 段的名字是 `zero_optimization`。`zero` 段被静默丢弃：stage 0、
-  不分片、不卸载，模型被完整复制到每张 GPU。
-
-示例
-  {"zero": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
-
-应改为
-  {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+            """\
+DeepSpeed ignores top-level keys it does not know, and the ZeRO section is spelled
+`zero_optimization`. A `zero` section is silently dropped: stage 0, no partitioning, no offload, and
+the model is copied whole to every GPU.
 """,
-    },
+            """\
+{"zero": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+""",
+            """\
+{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+""",
+        ),
+        zh=(
+            """\
+检查 `deepspeed.initialize` 配置中的顶层 `zero` 键。
+""",
+            """\
+DeepSpeed 会忽略不认识的顶层键，而 ZeRO 段的名字是 `zero_optimization`。`zero` 段被静默丢弃：stage 0、
+不分片、不卸载，模型被完整复制到每张 GPU。
+""",
+            """\
+{"zero": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+""",
+            """\
+{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "train_micro_batch_size_per_gpu": 1}
+""",
+        ),
+    ),
 )
 
 rule(
@@ -223,38 +240,40 @@ rule(
         "en": "Correct or delete {key}",
         "zh": "改正或删除 {key}",
     },
-    explanation={
-        "en": """\
-What it does
-  Checks a `deepspeed.init_inference` config the way `DeepSpeedInferenceConfig` (pydantic, extra keys
-  forbidden) validates it: unknown keys in `tensor_parallel`, `moe`, `quant`, `zero`, `checkpoint_config`,
-  a `dtype` outside fp16/bf16/fp32/int8 and their spellings, non-integer sizes, `max_out_tokens` <= 0.
-
-Why is this bad?
-  init_inference raises a ValidationError on the first one, after the model has already been loaded.
-
-Example
-  {"dtype": "bfloat", "tensor_parallel": {"tp_size": 2, "tp_degree": 2}, "max_out_tokens": 0}
-
-Use instead
-  {"dtype": "bf16", "tensor_parallel": {"tp_size": 2}, "max_out_tokens": 1024}
+    explanation=explanation(
+        en=(
+            """\
+Checks a `deepspeed.init_inference` config the way `DeepSpeedInferenceConfig` (pydantic, extra keys
+forbidden) validates it: unknown keys in `tensor_parallel`, `moe`, `quant`, `zero`, `checkpoint_config`,
+a `dtype` outside fp16/bf16/fp32/int8 and their spellings, non-integer sizes, `max_out_tokens` <= 0.
 """,
-        "zh": """\
-作用
-  按 `DeepSpeedInferenceConfig`（pydantic，禁止多余的键）的方式检查 `deepspeed.init_inference` 配置：
-  `tensor_parallel`、`moe`、`quant`、`zero`、`checkpoint_config` 中的未知键，fp16/bf16/fp32/int8 及其写法之外的
-  `dtype`，非整数的大小，`max_out_tokens` <= 0。
-
-为什么有问题？
-  init_inference 遇到第一个就抛出 ValidationError，而那时模型已经加载完了。
-
-示例
-  {"dtype": "bfloat", "tensor_parallel": {"tp_size": 2, "tp_degree": 2}, "max_out_tokens": 0}
-
-应改为
-  {"dtype": "bf16", "tensor_parallel": {"tp_size": 2}, "max_out_tokens": 1024}
+            """\
+init_inference raises a ValidationError on the first one, after the model has already been loaded.
 """,
-    },
+            """\
+{"dtype": "bfloat", "tensor_parallel": {"tp_size": 2, "tp_degree": 2}, "max_out_tokens": 0}
+""",
+            """\
+{"dtype": "bf16", "tensor_parallel": {"tp_size": 2}, "max_out_tokens": 1024}
+""",
+        ),
+        zh=(
+            """\
+按 `DeepSpeedInferenceConfig`（pydantic，禁止多余的键）的方式检查 `deepspeed.init_inference` 配置：
+`tensor_parallel`、`moe`、`quant`、`zero`、`checkpoint_config` 中的未知键，fp16/bf16/fp32/int8 及其写法之外的
+`dtype`，非整数的大小，`max_out_tokens` <= 0。
+""",
+            """\
+init_inference 遇到第一个就抛出 ValidationError，而那时模型已经加载完了。
+""",
+            """\
+{"dtype": "bfloat", "tensor_parallel": {"tp_size": 2, "tp_degree": 2}, "max_out_tokens": 0}
+""",
+            """\
+{"dtype": "bf16", "tensor_parallel": {"tp_size": 2}, "max_out_tokens": 1024}
+""",
+        ),
+    ),
 )
 
 rule(
@@ -267,38 +286,40 @@ rule(
         "en": "Set \"dtype\": \"{dtype}\" (torch.{torch_dtype}) in the init_inference config",
         "zh": "在 init_inference 配置中设置 \"dtype\": \"{dtype}\"（torch.{torch_dtype}）",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags a `deepspeed.init_inference` config that does not set `dtype`.
-
-Why is this bad?
-  `DeepSpeedInferenceConfig.dtype` defaults to `torch.float16`, and init_inference converts the module to
-  it. A bf16 model (Llama, Mistral, Qwen, ...) is silently cast to fp16: activations beyond 65504
-  overflow to inf/NaN, or the text quietly changes. The tokens then differ from a plain bf16 load.
-
-Example
-  deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}})
-
-Use instead
-  deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}, "dtype": "bf16"})
+    explanation=explanation(
+        en=(
+            """\
+Flags a `deepspeed.init_inference` config that does not set `dtype`.
 """,
-        "zh": """\
-作用
-  检查未设置 `dtype` 的 `deepspeed.init_inference` 配置。
-
-为什么有问题？
-  `DeepSpeedInferenceConfig.dtype` 默认是 `torch.float16`，init_inference 会把模块转换成它。bf16 模型
-  （Llama、Mistral、Qwen 等）被悄悄转成 fp16：超过 65504 的激活溢出为 inf/NaN，或者文本悄悄变了，
-  生成的 token 与直接按 bf16 加载不同。
-
-示例
-  deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}})
-
-应改为
-  deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}, "dtype": "bf16"})
+            """\
+`DeepSpeedInferenceConfig.dtype` defaults to `torch.float16`, and init_inference converts the module to
+it. A bf16 model (Llama, Mistral, Qwen, ...) is silently cast to fp16: activations beyond 65504
+overflow to inf/NaN, or the text quietly changes. The tokens then differ from a plain bf16 load.
 """,
-    },
+            """\
+deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}})
+""",
+            """\
+deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}, "dtype": "bf16"})
+""",
+        ),
+        zh=(
+            """\
+检查未设置 `dtype` 的 `deepspeed.init_inference` 配置。
+""",
+            """\
+`DeepSpeedInferenceConfig.dtype` 默认是 `torch.float16`，init_inference 会把模块转换成它。bf16 模型
+（Llama、Mistral、Qwen 等）被悄悄转成 fp16：超过 65504 的激活溢出为 inf/NaN，或者文本悄悄变了，
+生成的 token 与直接按 bf16 加载不同。
+""",
+            """\
+deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}})
+""",
+            """\
+deepspeed.init_inference(model, config={"tensor_parallel": {"tp_size": 2}, "dtype": "bf16"})
+""",
+        ),
+    ),
 )
 
 rule(
@@ -316,47 +337,49 @@ rule(
         "zh": "升级到 transformers >= 4.45.0（以及 accelerate >= 0.31.0），或写成整数："
               "\"stage3_prefetch_bucket_size\": {suggested}",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags `"stage3_prefetch_bucket_size": "auto"` when the installed (or given) transformers fills it with a
-  float and the installed DeepSpeed validates it as an integer.
-
-Why is this bad?
-  transformers before 4.45.0 filled the key with `0.9 * hidden_size * hidden_size`, a float
-  (15099494.4 for a 4096-wide model); the cast to int arrived in 4.45.0 (accelerate's own fill in 0.31.0).
-  DeepSpeed 0.15 moved its config to pydantic v2, which refuses a float with a fractional part for an int
-  field: `Input should be a valid integer, got a number with a fractional part [type=int_from_float]`.
-  The run dies in `deepspeed.initialize`, after the model has been loaded.
-
-Example
-  transformers 4.44.2, deepspeed 0.15.0,
-  "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}
-
-Use instead
-  pip install "transformers>=4.45.0", or
-  "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 15099494}
+    explanation=explanation(
+        en=(
+            """\
+Flags `"stage3_prefetch_bucket_size": "auto"` when the installed (or given) transformers fills it with a
+float and the installed DeepSpeed validates it as an integer.
 """,
-        "zh": """\
-作用
-  当安装的（或指定的）transformers 会用浮点数填充 `"stage3_prefetch_bucket_size": "auto"`、而安装的
-  DeepSpeed 要求整数时报告。
-
-为什么有问题？
-  4.45.0 之前的 transformers 用 `0.9 * hidden_size * hidden_size` 填充它，是浮点数（4096 宽的模型为
-  15099494.4）；4.45.0 才转成 int（accelerate 自己的填充在 0.31.0 修复）。DeepSpeed 0.15 把配置改用
-  pydantic v2，它拒绝把带小数的浮点数赋给整数字段：`Input should be a valid integer, got a number with a
-  fractional part [type=int_from_float]`。运行会在模型加载完之后死在 `deepspeed.initialize`。
-
-示例
-  transformers 4.44.2、deepspeed 0.15.0，
-  "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}
-
-应改为
-  pip install "transformers>=4.45.0"，或
-  "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 15099494}
+            """\
+transformers before 4.45.0 filled the key with `0.9 * hidden_size * hidden_size`, a float
+(15099494.4 for a 4096-wide model); the cast to int arrived in 4.45.0 (accelerate's own fill in 0.31.0).
+DeepSpeed 0.15 moved its config to pydantic v2, which refuses a float with a fractional part for an int
+field: `Input should be a valid integer, got a number with a fractional part [type=int_from_float]`.
+The run dies in `deepspeed.initialize`, after the model has been loaded.
 """,
-    },
+            """\
+transformers 4.44.2, deepspeed 0.15.0,
+"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}
+""",
+            """\
+pip install "transformers>=4.45.0", or
+"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 15099494}
+""",
+        ),
+        zh=(
+            """\
+当安装的（或指定的）transformers 会用浮点数填充 `"stage3_prefetch_bucket_size": "auto"`、而安装的
+DeepSpeed 要求整数时报告。
+""",
+            """\
+4.45.0 之前的 transformers 用 `0.9 * hidden_size * hidden_size` 填充它，是浮点数（4096 宽的模型为
+15099494.4）；4.45.0 才转成 int（accelerate 自己的填充在 0.31.0 修复）。DeepSpeed 0.15 把配置改用
+pydantic v2，它拒绝把带小数的浮点数赋给整数字段：`Input should be a valid integer, got a number with a
+fractional part [type=int_from_float]`。运行会在模型加载完之后死在 `deepspeed.initialize`。
+""",
+            """\
+transformers 4.44.2、deepspeed 0.15.0，
+"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"}
+""",
+            """\
+pip install "transformers>=4.45.0"，或
+"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 15099494}
+""",
+        ),
+    ),
 )
 
 rule(
@@ -370,40 +393,42 @@ rule(
               "DeepSpeed 0.19.8 defaults it to true",
         "zh": "显式设置 zero_optimization.{section}.pin_memory（主机内存足够时设为 true）；DeepSpeed 0.19.8 默认为 true",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags an offload section without `pin_memory` when the DeepSpeed version in use defaults it to false (or
-  when the version cannot tell).
-
-Why is this bad?
-  Older DeepSpeed releases defaulted `offload_param.pin_memory` and `offload_optimizer.pin_memory` to
-  false; DeepSpeed PR #8207 (August 2026) made true the default, and 0.19.8 has it. Unpinned host memory
-  takes a staged, synchronous copy: measured on an H200, a zero3-offload generate was several times slower
-  unpinned than pinned. The same config is fast on one machine and slow on another.
-
-Example
-  "offload_param": {"device": "cpu"}        with deepspeed 0.18.x
-
-Use instead
-  "offload_param": {"device": "cpu", "pin_memory": true}
+    explanation=explanation(
+        en=(
+            """\
+Flags an offload section without `pin_memory` when the DeepSpeed version in use defaults it to false (or
+when the version cannot tell).
 """,
-        "zh": """\
-作用
-  当所用 DeepSpeed 版本的默认值是 false（或无法判断版本）时，检查未设置 `pin_memory` 的 offload 段。
-
-为什么有问题？
-  较早的 DeepSpeed 版本中 `offload_param.pin_memory` 和 `offload_optimizer.pin_memory` 默认为 false；
-  DeepSpeed PR #8207（2026 年 8 月）把默认值改为 true，0.19.8 包含此改动。未锁页的主机内存走分段的同步
-  拷贝：在 H200 上实测，zero3-offload 的生成不锁页比锁页慢数倍。同一份配置在一台机器上快、在另一台上慢。
-
-示例
-  "offload_param": {"device": "cpu"}        搭配 deepspeed 0.18.x
-
-应改为
-  "offload_param": {"device": "cpu", "pin_memory": true}
+            """\
+Older DeepSpeed releases defaulted `offload_param.pin_memory` and `offload_optimizer.pin_memory` to
+false; DeepSpeed PR #8207 (August 2026) made true the default, and 0.19.8 has it. Unpinned host memory
+takes a staged, synchronous copy: measured on an H200, a zero3-offload generate was several times slower
+unpinned than pinned. The same config is fast on one machine and slow on another.
 """,
-    },
+            """\
+"offload_param": {"device": "cpu"}        with deepspeed 0.18.x
+""",
+            """\
+"offload_param": {"device": "cpu", "pin_memory": true}
+""",
+        ),
+        zh=(
+            """\
+当所用 DeepSpeed 版本的默认值是 false（或无法判断版本）时，检查未设置 `pin_memory` 的 offload 段。
+""",
+            """\
+较早的 DeepSpeed 版本中 `offload_param.pin_memory` 和 `offload_optimizer.pin_memory` 默认为 false；
+DeepSpeed PR #8207（2026 年 8 月）把默认值改为 true，0.19.8 包含此改动。未锁页的主机内存走分段的同步
+拷贝：在 H200 上实测，zero3-offload 的生成不锁页比锁页慢数倍。同一份配置在一台机器上快、在另一台上慢。
+""",
+            """\
+"offload_param": {"device": "cpu"}        搭配 deepspeed 0.18.x
+""",
+            """\
+"offload_param": {"device": "cpu", "pin_memory": true}
+""",
+        ),
+    ),
 )
 
 rule(
@@ -416,47 +441,49 @@ rule(
         "en": "For inference alone delete hybrid_engine (it is DeepSpeed-Chat's RLHF generation engine); {fix}",
         "zh": "仅做推理时请删除 hybrid_engine（它是 DeepSpeed-Chat 的 RLHF 生成引擎）；{fix_zh}",
     },
-    explanation={
-        "en": """\
-What it does
-  Reads a `hybrid_engine` section (DeepSpeed-Chat's engine that switches a training model to inference
-  kernels for generation) and reports what it does at inference.
-
-Why is this bad?
-  With `enabled: true`, `deepspeed.initialize` returns a `DeepSpeedHybridEngine`. Its `generate` swaps in
-  inference containers, which exist only for the model families DeepSpeed has injection policies for.
-  Under ZeRO-3 with `pin_parameters` (the default, true) it gathers every layer before generating, so the
-  whole model sits on each GPU during generation: ZeRO-3's partitioning and offload_param do not lower the
-  generate peak. `inference_tp_size` must divide the number of ranks.
-
-Example
-  "hybrid_engine": {"enabled": true, "inference_tp_size": 1},
-  "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}
-
-Use instead
-  Plain ZeRO-3 inference: delete hybrid_engine. Keep it only inside DeepSpeed-Chat step 3 training, with
-  "pin_parameters": false when the gathered model does not fit a GPU.
+    explanation=explanation(
+        en=(
+            """\
+Reads a `hybrid_engine` section (DeepSpeed-Chat's engine that switches a training model to inference
+kernels for generation) and reports what it does at inference.
 """,
-        "zh": """\
-作用
-  读取 `hybrid_engine` 段（DeepSpeed-Chat 在生成时把训练模型切换成推理 kernel 的引擎），报告它在推理时
-  的作用。
-
-为什么有问题？
-  `enabled: true` 时 `deepspeed.initialize` 返回 `DeepSpeedHybridEngine`。它的 `generate` 换入推理容器，
-  而推理容器只对 DeepSpeed 有注入策略的模型族存在。在 ZeRO-3 下、`pin_parameters` 为默认的 true 时，
-  生成前会 gather 所有层，生成期间整个模型都在每张 GPU 上：ZeRO-3 的分片和 offload_param 都不能降低生成
-  峰值。`inference_tp_size` 必须能整除 rank 数。
-
-示例
-  "hybrid_engine": {"enabled": true, "inference_tp_size": 1},
-  "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}
-
-应改为
-  普通的 ZeRO-3 推理：删除 hybrid_engine。只在 DeepSpeed-Chat 第 3 步训练中保留，gather 后的模型放不下
-  单卡时设 "pin_parameters": false。
+            """\
+With `enabled: true`, `deepspeed.initialize` returns a `DeepSpeedHybridEngine`. Its `generate` swaps in
+inference containers, which exist only for the model families DeepSpeed has injection policies for.
+Under ZeRO-3 with `pin_parameters` (the default, true) it gathers every layer before generating, so the
+whole model sits on each GPU during generation: ZeRO-3's partitioning and offload_param do not lower the
+generate peak. `inference_tp_size` must divide the number of ranks.
 """,
-    },
+            """\
+"hybrid_engine": {"enabled": true, "inference_tp_size": 1},
+"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}
+""",
+            """\
+Plain ZeRO-3 inference: delete hybrid_engine. Keep it only inside DeepSpeed-Chat step 3 training, with
+"pin_parameters": false when the gathered model does not fit a GPU.
+""",
+        ),
+        zh=(
+            """\
+读取 `hybrid_engine` 段（DeepSpeed-Chat 在生成时把训练模型切换成推理 kernel 的引擎），报告它在推理时
+的作用。
+""",
+            """\
+`enabled: true` 时 `deepspeed.initialize` 返回 `DeepSpeedHybridEngine`。它的 `generate` 换入推理容器，
+而推理容器只对 DeepSpeed 有注入策略的模型族存在。在 ZeRO-3 下、`pin_parameters` 为默认的 true 时，
+生成前会 gather 所有层，生成期间整个模型都在每张 GPU 上：ZeRO-3 的分片和 offload_param 都不能降低生成
+峰值。`inference_tp_size` 必须能整除 rank 数。
+""",
+            """\
+"hybrid_engine": {"enabled": true, "inference_tp_size": 1},
+"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}
+""",
+            """\
+普通的 ZeRO-3 推理：删除 hybrid_engine。只在 DeepSpeed-Chat 第 3 步训练中保留，gather 后的模型放不下
+单卡时设 "pin_parameters": false。
+""",
+        ),
+    ),
 )
 
 rule(
@@ -469,49 +496,51 @@ rule(
         "en": "{fix}",
         "zh": "{fix_zh}",
     },
-    explanation={
-        "en": """\
-What it does
-  Reads the ZeRO-Inference `weight_quantization` section and says whether it takes effect.
-
-Why is this bad?
-  `deepspeed.initialize` never quantizes a model it is given. `quantized_initialization` (int4/int8
-  weights) acts only while the model is built under `zero.Init` with this config and ZeRO stage 3
-  (`HfDeepSpeedConfig(ds_config)` before `from_pretrained`, or `with deepspeed.zero.Init(config_dict_or_path=
-  ds_config)`), and needs CUDA. `post_init_quant` acts only when the script calls
-  `_init_group_wise_weight_quantization(model, ds_config)` itself. Otherwise the weights stay 16-bit and
-  the memory the section promised is not saved.
-
-Example
-  {"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
-   "zero_optimization": {"stage": 2}}
-
-Use instead
-  {"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
-   "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
-  with HfDeepSpeedConfig(ds_config) created before from_pretrained.
+    explanation=explanation(
+        en=(
+            """\
+Reads the ZeRO-Inference `weight_quantization` section and says whether it takes effect.
 """,
-        "zh": """\
-作用
-  读取 ZeRO-Inference 的 `weight_quantization` 段，判断它是否生效。
-
-为什么有问题？
-  `deepspeed.initialize` 从不量化传给它的模型。`quantized_initialization`（int4/int8 权重）只在模型于
-  ZeRO stage 3、使用此配置的 `zero.Init` 下构建时生效（在 `from_pretrained` 之前创建
-  `HfDeepSpeedConfig(ds_config)`，或 `with deepspeed.zero.Init(config_dict_or_path=ds_config)`），且需要 CUDA。
-  `post_init_quant` 只在脚本自己调用 `_init_group_wise_weight_quantization(model, ds_config)` 时生效。否则
-  权重仍是 16 位，这个段承诺省下的显存并没有省下。
-
-示例
-  {"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
-   "zero_optimization": {"stage": 2}}
-
-应改为
-  {"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
-   "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
-  并在 from_pretrained 之前创建 HfDeepSpeedConfig(ds_config)。
+            """\
+`deepspeed.initialize` never quantizes a model it is given. `quantized_initialization` (int4/int8
+weights) acts only while the model is built under `zero.Init` with this config and ZeRO stage 3
+(`HfDeepSpeedConfig(ds_config)` before `from_pretrained`, or `with deepspeed.zero.Init(config_dict_or_path=
+ds_config)`), and needs CUDA. `post_init_quant` acts only when the script calls
+`_init_group_wise_weight_quantization(model, ds_config)` itself. Otherwise the weights stay 16-bit and
+the memory the section promised is not saved.
 """,
-    },
+            """\
+{"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
+ "zero_optimization": {"stage": 2}}
+""",
+            """\
+{"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
+ "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+with HfDeepSpeedConfig(ds_config) created before from_pretrained.
+""",
+        ),
+        zh=(
+            """\
+读取 ZeRO-Inference 的 `weight_quantization` 段，判断它是否生效。
+""",
+            """\
+`deepspeed.initialize` 从不量化传给它的模型。`quantized_initialization`（int4/int8 权重）只在模型于
+ZeRO stage 3、使用此配置的 `zero.Init` 下构建时生效（在 `from_pretrained` 之前创建
+`HfDeepSpeedConfig(ds_config)`，或 `with deepspeed.zero.Init(config_dict_or_path=ds_config)`），且需要 CUDA。
+`post_init_quant` 只在脚本自己调用 `_init_group_wise_weight_quantization(model, ds_config)` 时生效。否则
+权重仍是 16 位，这个段承诺省下的显存并没有省下。
+""",
+            """\
+{"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
+ "zero_optimization": {"stage": 2}}
+""",
+            """\
+{"weight_quantization": {"quantized_initialization": {"num_bits": 4, "group_size": 64}},
+ "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+并在 from_pretrained 之前创建 HfDeepSpeedConfig(ds_config)。
+""",
+        ),
+    ),
 )
 
 rule(
@@ -526,39 +555,41 @@ rule(
         "en": "Upgrade to deepspeed >= 0.19.4, or use AutoTP with ZeRO stage 0-2 (or ZeRO-3 without AutoTP)",
         "zh": "升级到 deepspeed >= 0.19.4，或让 AutoTP 搭配 ZeRO stage 0-2（或只用 ZeRO-3、不用 AutoTP）",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags `tensor_parallel.autotp_size` > 1 together with ZeRO stage 3 when the DeepSpeed in use is older than
-  0.19.4.
-
-Why is this bad?
-  AutoTP inside `deepspeed.initialize` supported ZeRO stages 0, 1 and 2 only; DeepSpeed PR #8167 (July
-  2026, in 0.19.4) allowed stage 3 ("AutoTP + ZeRO stage 3 is supported for both inference and training",
-  runtime/engine.py in 0.19.8). The same config runs on one machine and is refused on another.
-
-Example
-  deepspeed 0.18.9, {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
-
-Use instead
-  pip install "deepspeed>=0.19.4", or {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 0}}
+    explanation=explanation(
+        en=(
+            """\
+Flags `tensor_parallel.autotp_size` > 1 together with ZeRO stage 3 when the DeepSpeed in use is older than
+0.19.4.
 """,
-        "zh": """\
-作用
-  当所用 DeepSpeed 早于 0.19.4 时，检查 `tensor_parallel.autotp_size` > 1 与 ZeRO stage 3 同时出现。
-
-为什么有问题？
-  `deepspeed.initialize` 中的 AutoTP 原先只支持 ZeRO stage 0、1、2；DeepSpeed PR #8167（2026 年 7 月，
-  进入 0.19.4）放开了 stage 3（0.19.8 的 runtime/engine.py："AutoTP + ZeRO stage 3 is supported for both
-  inference and training"）。同一份配置在一台机器上能跑，在另一台上被拒绝。
-
-示例
-  deepspeed 0.18.9，{"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
-
-应改为
-  pip install "deepspeed>=0.19.4"，或 {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 0}}
+            """\
+AutoTP inside `deepspeed.initialize` supported ZeRO stages 0, 1 and 2 only; DeepSpeed PR #8167 (July
+2026, in 0.19.4) allowed stage 3 ("AutoTP + ZeRO stage 3 is supported for both inference and training",
+runtime/engine.py in 0.19.8). The same config runs on one machine and is refused on another.
 """,
-    },
+            """\
+deepspeed 0.18.9, {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
+""",
+            """\
+pip install "deepspeed>=0.19.4", or {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 0}}
+""",
+        ),
+        zh=(
+            """\
+当所用 DeepSpeed 早于 0.19.4 时，检查 `tensor_parallel.autotp_size` > 1 与 ZeRO stage 3 同时出现。
+""",
+            """\
+`deepspeed.initialize` 中的 AutoTP 原先只支持 ZeRO stage 0、1、2；DeepSpeed PR #8167（2026 年 7 月，
+进入 0.19.4）放开了 stage 3（0.19.8 的 runtime/engine.py："AutoTP + ZeRO stage 3 is supported for both
+inference and training"）。同一份配置在一台机器上能跑，在另一台上被拒绝。
+""",
+            """\
+deepspeed 0.18.9，{"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 3}}
+""",
+            """\
+pip install "deepspeed>=0.19.4"，或 {"tensor_parallel": {"autotp_size": 2}, "zero_optimization": {"stage": 0}}
+""",
+        ),
+    ),
 )
 
 rule(
@@ -573,37 +604,39 @@ rule(
         "en": "Replace pure_bf16: true with bf16: true (mixed precision), or use a ZeRO-2 config",
         "zh": "把 pure_bf16: true 改为 bf16: true（混合精度），或改用 ZeRO-2 配置",
     },
-    explanation={
-        "en": """\
-What it does
-  Flags `pure_bf16: true` in a LLaMA-Factory YAML whose DeepSpeed config is ZeRO-3.
-
-Why is this bad?
-  LLaMA-Factory checks its arguments before loading anything and refuses this combination, so the run
-  ends at start-up with a ValueError.
-
-Example
-  pure_bf16: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
-
-Use instead
-  bf16: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
+    explanation=explanation(
+        en=(
+            """\
+Flags `pure_bf16: true` in a LLaMA-Factory YAML whose DeepSpeed config is ZeRO-3.
 """,
-        "zh": """\
-作用
-  检查 DeepSpeed 配置为 ZeRO-3 的 LLaMA-Factory YAML 中的 `pure_bf16: true`。
-
-为什么有问题？
-  LLaMA-Factory 在加载任何东西之前检查参数，会拒绝这个组合，运行在启动时就以 ValueError 结束。
-
-示例
-  pure_bf16: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
-
-应改为
-  bf16: true
-  deepspeed: examples/deepspeed/ds_z3_config.json
+            """\
+LLaMA-Factory checks its arguments before loading anything and refuses this combination, so the run
+ends at start-up with a ValueError.
 """,
-    },
+            """\
+pure_bf16: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+            """\
+bf16: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+        ),
+        zh=(
+            """\
+检查 DeepSpeed 配置为 ZeRO-3 的 LLaMA-Factory YAML 中的 `pure_bf16: true`。
+""",
+            """\
+LLaMA-Factory 在加载任何东西之前检查参数，会拒绝这个组合，运行在启动时就以 ValueError 结束。
+""",
+            """\
+pure_bf16: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+            """\
+bf16: true
+deepspeed: examples/deepspeed/ds_z3_config.json
+""",
+        ),
+    ),
 )

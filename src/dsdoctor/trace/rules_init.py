@@ -3,6 +3,15 @@ from __future__ import annotations
 
 from dsdoctor.findings import rule
 
+try:
+    from dsdoctor.findings import explanation
+except ImportError:  # before the one-anatomy refactor lands: the same "## heading" sections, built here
+    def explanation(*, en, zh):
+        heads = {"en": ("What it does", "Why is this bad?", "Example", "Use instead"),
+                 "zh": ("作用", "为什么有问题？", "示例", "应改为")}
+        return {lang: "\n\n".join(f"## {h}\n{b.strip()}" for h, b in zip(heads[lang], parts)) + "\n"
+                for lang, parts in (("en", en), ("zh", zh))}
+
 rule(
     "DSD340", "unpartitioned-model-at-initialize", "warning",
     message={
@@ -21,53 +30,55 @@ rule(
               "deepspeed.initialize 之后（transformers 只持有它的弱引用）；或在 "
               "`with deepspeed.zero.Init(config_dict_or_path=ds_config):` 中构建模型",
     },
-    explanation={
-        "en": """\
-What it does
-  At `deepspeed.initialize` with ZeRO stage 3, counts the model's parameters that carry no `ds_id`: those
-  were not created under `zero.Init` and are whole tensors on every rank.
-
-Why is this bad?
-  ZeRO-3 saves memory only for a model built partitioned. transformers builds it so inside
-  `from_pretrained` only while a `HfDeepSpeedConfig` object with stage 3 is alive (it keeps a weak
-  reference). Created after `from_pretrained`, or created and dropped (`HfDeepSpeedConfig(cfg)` without
-  assigning it), it does nothing: every rank loads the full model on the CPU, and `deepspeed.initialize`
-  sees no partitioned parameter and runs `module.to(device)` before partitioning. A 70B model OOMs there
-  on every GPU, whatever `offload_param` says; `dsdoctor split` cannot help.
-
-Example
-  model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
-  HfDeepSpeedConfig(ds_config)                     # too late, and not kept
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
-
-Use instead
-  dschf = HfDeepSpeedConfig(ds_config)             # first, and keep the reference
-  model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
-  or: with deepspeed.zero.Init(config_dict_or_path=ds_config): model = MyModel(...)
+    explanation=explanation(
+        en=(
+            """\
+At `deepspeed.initialize` with ZeRO stage 3, counts the model's parameters that carry no `ds_id`: those
+were not created under `zero.Init` and are whole tensors on every rank.
 """,
-        "zh": """\
-作用
-  在 ZeRO stage 3 的 `deepspeed.initialize` 处，统计模型中没有 `ds_id` 的参数：它们不是在 `zero.Init` 下创建的，
-  在每个 rank 上都是完整张量。
-
-为什么有问题？
-  只有以分片方式构建的模型，ZeRO-3 才能省显存。transformers 只有在一个 stage 3 的 `HfDeepSpeedConfig` 对象存活时
-  （它只保存弱引用）才会在 `from_pretrained` 中这样构建。在 `from_pretrained` 之后才创建，或创建后就丢掉
-  （`HfDeepSpeedConfig(cfg)` 没有赋值给变量），它都不起作用：每个 rank 都在 CPU 上加载完整模型，而
-  `deepspeed.initialize` 看不到任何已分片的参数，会先执行 `module.to(device)` 再分片。70B 模型会在那里让每张 GPU
-  OOM，无论 `offload_param` 怎么写；`dsdoctor split` 也帮不上忙。
-
-示例
-  model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
-  HfDeepSpeedConfig(ds_config)                     # 太晚了，而且没有保留引用
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
-
-应改为
-  dschf = HfDeepSpeedConfig(ds_config)             # 先创建，并保留引用
-  model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
-  engine = deepspeed.initialize(model=model, config=ds_config)[0]
-  或者：with deepspeed.zero.Init(config_dict_or_path=ds_config): model = MyModel(...)
+            """\
+ZeRO-3 saves memory only for a model built partitioned. transformers builds it so inside
+`from_pretrained` only while a `HfDeepSpeedConfig` object with stage 3 is alive (it keeps a weak
+reference). Created after `from_pretrained`, or created and dropped (`HfDeepSpeedConfig(cfg)` without
+assigning it), it does nothing: every rank loads the full model on the CPU, and `deepspeed.initialize`
+sees no partitioned parameter and runs `module.to(device)` before partitioning. A 70B model OOMs there
+on every GPU, whatever `offload_param` says; `dsdoctor split` cannot help.
 """,
-    },
+            """\
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+HfDeepSpeedConfig(ds_config)                     # too late, and not kept
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+""",
+            """\
+dschf = HfDeepSpeedConfig(ds_config)             # first, and keep the reference
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+or: with deepspeed.zero.Init(config_dict_or_path=ds_config): model = MyModel(...)
+""",
+        ),
+        zh=(
+            """\
+在 ZeRO stage 3 的 `deepspeed.initialize` 处，统计模型中没有 `ds_id` 的参数：它们不是在 `zero.Init` 下创建的，
+在每个 rank 上都是完整张量。
+""",
+            """\
+只有以分片方式构建的模型，ZeRO-3 才能省显存。transformers 只有在一个 stage 3 的 `HfDeepSpeedConfig` 对象存活时
+（它只保存弱引用）才会在 `from_pretrained` 中这样构建。在 `from_pretrained` 之后才创建，或创建后就丢掉
+（`HfDeepSpeedConfig(cfg)` 没有赋值给变量），它都不起作用：每个 rank 都在 CPU 上加载完整模型，而
+`deepspeed.initialize` 看不到任何已分片的参数，会先执行 `module.to(device)` 再分片。70B 模型会在那里让每张 GPU
+OOM，无论 `offload_param` 怎么写；`dsdoctor split` 也帮不上忙。
+""",
+            """\
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+HfDeepSpeedConfig(ds_config)                     # 太晚了，而且没有保留引用
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+""",
+            """\
+dschf = HfDeepSpeedConfig(ds_config)             # 先创建，并保留引用
+model = AutoModelForCausalLM.from_pretrained(name, torch_dtype=torch.bfloat16)
+engine = deepspeed.initialize(model=model, config=ds_config)[0]
+或者：with deepspeed.zero.Init(config_dict_or_path=ds_config): model = MyModel(...)
+""",
+        ),
+    ),
 )
