@@ -110,3 +110,35 @@ def test_cli_gpu_name_flag_and_json():
     assert data["runner"]["name"] == "init_inference" and data["inference_config"]["zero_ignored"]
     f = next(f for f in data["findings"] if f["code"] == "DSD122")
     assert '"fp16"' in f["fix"] and "T4" in f["fix"]
+
+
+def test_nested_key_tables_match_deepspeed_inference_models():
+    from deepspeed.inference.config import (
+        DeepSpeedMoEConfig, DeepSpeedTPConfig, InferenceCheckpointConfig, QuantizationConfig,
+    )
+
+    from dsdoctor.config.inference_config import CKPT_FIELDS, MOE_FIELDS, QUANT_FIELDS, TP_FIELDS
+
+    def keys(model):
+        return set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+
+    assert set(TP_FIELDS) == keys(DeepSpeedTPConfig) and set(MOE_FIELDS) == keys(DeepSpeedMoEConfig)
+    assert set(QUANT_FIELDS) == keys(QuantizationConfig) and set(CKPT_FIELDS) == keys(InferenceCheckpointConfig)
+
+
+def test_dtype_spellings_match_deepspeed():
+    from deepspeed.inference.config import DtypeEnum
+
+    from dsdoctor.config.inference_config import DTYPE_SPELLINGS
+
+    theirs = {d.name: {v for v in d.value if isinstance(v, str)} for d in DtypeEnum}
+    assert {k: set(v) for k, v in DTYPE_SPELLINGS.items()} == theirs
+
+
+@pytest.mark.parametrize("name,ok", [("NVIDIA H200", True), ("NVIDIA A100-SXM4-80GB", True), ("Tesla V100-SXM2-32GB", False),
+                                     ("Tesla T4", False), ("NVIDIA GeForce RTX 4090", True), ("Quadro RTX 6000", False),
+                                     ("NVIDIA RTX A6000", True), ("NVIDIA L4", True), ("Some Future GPU", None)])
+def test_bf16_by_gpu_name(name, ok):
+    from dsdoctor.config.gpu import bf16_supported
+
+    assert bf16_supported(name) is ok

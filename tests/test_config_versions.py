@@ -130,3 +130,13 @@ def test_weight_quantization_unknown_key_matches_deepspeed():
     with pytest.raises(Exception):
         DeepSpeedConfig(cfg)
     assert codes(check(cfg))["DSD114"] == "error"
+
+
+def test_accelerate_runner_checks_both_fillers(tmp_path):
+    (tmp_path / "ds.json").write_text((DATA / "ds_z3_auto.json").read_text())
+    y = tmp_path / "acc.yaml"
+    y.write_text(f"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n")
+    new = {"transformers": "4.46.0", "deepspeed": "0.16.0"}
+    f = next(f for f in check(y, versions=dict(new, accelerate="0.30.1")).findings if f.code == "DSD126")
+    assert "accelerate 0.30.1" in f.message("en")
+    assert "DSD126" not in codes(check(y, versions=dict(new, accelerate="0.31.0")))

@@ -166,12 +166,14 @@ def version_findings(raw: dict, eff: Effective, runner: Runner, versions: Versio
     prefetch = zero.get("stage3_prefetch_bucket_size", zero.get("prefetch_bucket_size"))
     if runner.fills_auto and prefetch == AUTO and eff.zero_stage == 3 and ds and ds >= DEEPSPEED_PYDANTIC_V2:
         tf, acc = versions.tuple("transformers"), versions.tuple("accelerate")
+        old_tf = tf is not None and tf < TRANSFORMERS_INT_PREFETCH
+        old_acc = acc is not None and acc < ACCELERATE_INT_PREFETCH
         if runner.hf_trainer:
-            bad = tf is not None and tf < TRANSFORMERS_INT_PREFETCH
-            filler = f"transformers {versions.get('transformers')}"
-        else:  # accelerate fills it itself
-            bad = acc is not None and acc < ACCELERATE_INT_PREFETCH
-            filler = f"accelerate {versions.get('accelerate')}"
+            bad, filler = old_tf, f"transformers {versions.get('transformers')}"
+        else:  # accelerate: the Trainer fills it when the script uses one, else accelerate's own fill
+            bad = old_tf or old_acc
+            filler = " or ".join(f"{n} {versions.get(n)}" for n, old in (("transformers", old_tf),
+                                                                          ("accelerate", old_acc)) if old)
         value, suggested = "", "<int(0.9*hidden_size**2)>"
         if spec is not None:
             h = spec.hidden_size
