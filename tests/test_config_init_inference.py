@@ -46,7 +46,7 @@ def test_unknown_gpu_defaults_to_bf16_with_a_note(monkeypatch):
     monkeypatch.setattr(cc, "this_machine_gpu", lambda: None)
     r = check(DATA / "init_inference_zero.json")
     f = next(f for f in r.findings if f.code == "DSD122")
-    assert "bf16" in f.values["config_dict"] and "assumed" in f.values["dtype_note"]
+    assert "bf16" in f.values["config_dict"] and "bf16 assumed" in f.fix("en") and "假定 bf16" in f.fix("zh")
 
 
 def test_fp16_default_warns_for_a_bf16_model(tmp_path):

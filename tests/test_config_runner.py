@@ -33,8 +33,8 @@ def test_model_size_from_model_dir_wins_over_the_name(tmp_path):
     model = write_model_config(tmp_path / "m", hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                                torch_dtype="bfloat16")
     r = check(DATA / "llamafactory_predict_z3.yaml", model=model)
-    f = next(f for f in r.findings if f.code == "DSD120")
-    assert f.values["model_size"].endswith("in bf16") and "by its name" not in f.values["model_size"]
+    fix = next(f for f in r.findings if f.code == "DSD120").fix("en")
+    assert "params, " in fix and "in bf16) fits one GPU" in fix and "by its name" not in fix
 
 
 def test_do_train_yaml_gets_training_findings_only():

@@ -2,26 +2,42 @@
 config. Texts in English and Chinese."""
 from __future__ import annotations
 
-from dsdoctor.findings import rule
+from dsdoctor.findings import explanation, rule
 
-try:
-    from dsdoctor.findings import explanation
-except ImportError:  # before the one-anatomy refactor lands: the same "## heading" sections, built here
-    def explanation(*, en, zh):
-        heads = {"en": ("What it does", "Why is this bad?", "Example", "Use instead"),
-                 "zh": ("作用", "为什么有问题？", "示例", "应改为")}
-        return {lang: "\n\n".join(f"## {h}\n{b.strip()}" for h, b in zip(heads[lang], parts)) + "\n"
-                for lang, parts in (("en", en), ("zh", zh))}
+_LISTS = {  # several phrases joined (DSD128)
+    "list1": {"en": "{p0}", "zh": "{p0}"},
+    "list2": {"en": "{p0}; {p1}", "zh": "{p0}；{p1}"},
+    "list3": {"en": "{p0}; {p1}; {p2}", "zh": "{p0}；{p1}；{p2}"},
+}
 
 rule(
     "DSD120", "predict-with-generate-under-zero3", "error",
     message={
         "en": "{runner}: predict_with_generate with ZeRO-3 ({mode}): {what}",
-        "zh": "{runner}：ZeRO-3 下使用 predict_with_generate（{mode}）：{what_zh}",
+        "zh": "{runner}：ZeRO-3 下使用 predict_with_generate（{mode}）：{what}",
+    },
+    phrases={
+        "refused": {"en": "LLaMA-Factory refuses it while parsing its arguments (\"`predict_with_generate` is "
+                          "incompatible with DeepSpeed ZeRO-3.\")",
+                    "zh": "LLaMA-Factory 解析参数时就会拒绝（\"`predict_with_generate` is incompatible with DeepSpeed "
+                          "ZeRO-3.\"）"},
+        "slow": {"en": "every rank gathers every layer for every generated token (synced_gpus), many times slower "
+                       "than a plain load",
+                 "zh": "每生成一个 token 每个 rank 都要 gather 每一层（synced_gpus），比直接加载慢很多倍"},
+        "fits-model": {"en": "The model ({params} params, {bytes} in bf16) fits one GPU",
+                       "zh": "模型（{params} 参数，bf16 下 {bytes}）单卡放得下"},
+        "fits-name": {"en": "The model ({size} by its name {name}, about {bytes} in bf16) fits one GPU",
+                      "zh": "模型（按名字 {name} 为 {size}，bf16 下约 {bytes}）单卡放得下"},
+        "fits-unknown": {"en": "If the model fits one GPU (an 8B model is about 15 GiB in bf16)",
+                         "zh": "如果单卡放得下模型（8B 模型 bf16 约 15 GiB）"},
+        "way-out": {"en": "{fits}: drop `deepspeed` from the predict run and start one replica per GPU on a shard of "
+                          "the data, or batch-generate with a serving engine (vLLM, SGLang); keep ZeRO-3 for training",
+                    "zh": "{fits}：预测时去掉 `deepspeed`，每张 GPU 跑一个副本处理一部分数据，或用推理服务引擎（vLLM、SGLang）"
+                          "批量生成；ZeRO-3 留给训练"},
     },
     fix={
         "en": "{way_out}",
-        "zh": "{way_out_zh}",
+        "zh": "{way_out}",
     },
     explanation=explanation(
         en=(
@@ -134,7 +150,17 @@ rule(
         "en": "For ZeRO-3 inference call deepspeed.initialize(model=model, config={config}) (no optimizer), "
               "building the model under HfDeepSpeedConfig or zero.Init; {dtype_note}",
         "zh": "要做 ZeRO-3 推理，请调用 deepspeed.initialize(model=model, config={config})（不带优化器），并在 "
-              "HfDeepSpeedConfig 或 zero.Init 下构建模型；{dtype_note_zh}",
+              "HfDeepSpeedConfig 或 zero.Init 下构建模型；{dtype_note}",
+    },
+    phrases={
+        "bf16-gpu": {"en": "bf16 because the {gpu} ({source}) supports it", "zh": "用 bf16：{gpu}（{source}）支持"},
+        "fp16-gpu": {"en": "fp16 because the {gpu} ({source}) has no bf16 (compute capability < 8.0)",
+                     "zh": "用 fp16：{gpu}（{source}）不支持 bf16（compute capability < 8.0）"},
+        "bf16-unknown-gpu": {"en": "bf16 assumed (the GPU {gpu!r} is not known); use fp16 on GPUs older than Ampere",
+                             "zh": "假定 bf16（未知的 GPU {gpu!r}）；Ampere 之前的 GPU 请用 fp16"},
+        "bf16-no-gpu": {"en": "bf16 assumed (no GPU found or given: pass --gpu-name); use fp16 on GPUs older than "
+                              "Ampere",
+                        "zh": "假定 bf16（未找到也未指定 GPU：传 --gpu-name）；Ampere 之前的 GPU 请用 fp16"},
     },
     explanation=explanation(
         en=(
@@ -280,7 +306,14 @@ rule(
     "DSD125", "init-inference-fp16-default", "warning",
     message={
         "en": "init_inference config without dtype: DeepSpeed casts the model to fp16 (the default){model_note}",
-        "zh": "init_inference 配置未设置 dtype：DeepSpeed 会把模型转换为 fp16（默认值）{model_note_zh}",
+        "zh": "init_inference 配置未设置 dtype：DeepSpeed 会把模型转换为 fp16（默认值）{model_note}",
+    },
+    phrases={
+        "model-bf16": {"en": ": the model ({model}) is bf16, so it is cast to fp16",
+                       "zh": "：模型（{model}）是 bf16，会被转换成 fp16"},
+        "model-fp16": {"en": ": the model is fp16 already", "zh": "：模型本来就是 fp16"},
+        "model-unknown": {"en": " (pass --model to know the model's dtype; bf16 models are cast)",
+                          "zh": "（传 --model 以获知模型精度；bf16 模型会被转换）"},
     },
     fix={
         "en": "Set \"dtype\": \"{dtype}\" (torch.{torch_dtype}) in the init_inference config",
@@ -386,7 +419,14 @@ rule(
     "DSD127", "offload-pin-memory-version-default", "warning",
     message={
         "en": "zero_optimization.{section}.pin_memory is not set: DeepSpeed {deepspeed} {behaviour}",
-        "zh": "未设置 zero_optimization.{section}.pin_memory：DeepSpeed {deepspeed} {behaviour_zh}",
+        "zh": "未设置 zero_optimization.{section}.pin_memory：DeepSpeed {deepspeed} {behaviour}",
+    },
+    phrases={
+        "false": {"en": "defaults it to false: offloaded tensors live in pageable memory (several times slower copies)",
+                  "zh": "默认为 false：卸载的张量放在可分页内存中（拷贝慢数倍）"},
+        "maybe-false": {"en": "may default it to false (the default became true in 0.19.x, PR #8207; 0.19.8 is known "
+                              "to default to true)",
+                        "zh": "可能默认为 false（默认值在 0.19.x 中改为 true，PR #8207；已知 0.19.8 默认为 true）"},
     },
     fix={
         "en": "Set zero_optimization.{section}.pin_memory explicitly (true when the host has the memory); "
@@ -435,11 +475,32 @@ rule(
     "DSD128", "hybrid-engine-at-inference", "warning",
     message={
         "en": "hybrid_engine is enabled: {problems}",
-        "zh": "启用了 hybrid_engine：{problems_zh}",
+        "zh": "启用了 hybrid_engine：{problems}",
     },
+    phrases=dict(_LISTS, **{
+        "engine": {"en": "deepspeed.initialize returns a DeepSpeedHybridEngine whose generate swaps in inference "
+                         "kernels (only for model families with a DeepSpeed injection policy)",
+                   "zh": "deepspeed.initialize 返回 DeepSpeedHybridEngine，其 generate 会换入推理 kernel（只支持 DeepSpeed "
+                         "有注入策略的模型族）"},
+        "gathers-all": {"en": "under ZeRO-3 with pin_parameters (default true) generate gathers every layer first, so "
+                              "the whole model sits on each GPU during generation",
+                        "zh": "ZeRO-3 下 pin_parameters（默认 true）会在生成前 gather 所有层，生成期间整个模型都在每张 GPU 上"},
+        "gathers-all-offload": {"en": "under ZeRO-3 with pin_parameters (default true) generate gathers every layer "
+                                      "first, so the whole model sits on each GPU during generation and offload_param "
+                                      "does not lower the generate peak",
+                                "zh": "ZeRO-3 下 pin_parameters（默认 true）会在生成前 gather 所有层，生成期间整个模型都在"
+                                      "每张 GPU 上，offload_param 也不能降低生成峰值"},
+        "tp-divides": {"en": "inference_tp_size {tp} does not divide the {gpus} ranks",
+                       "zh": "inference_tp_size {tp} 不能整除 {gpus} 个 rank"},
+        "unpin": {"en": "inside DeepSpeed-Chat set \"pin_parameters\": false when the gathered model does not fit a GPU",
+                  "zh": "在 DeepSpeed-Chat 中，gather 后的模型放不下单卡时设 \"pin_parameters\": false"},
+        "tp-divisor": {"en": "make inference_tp_size a divisor of {gpus}", "zh": "把 inference_tp_size 设为 {gpus} 的约数"},
+        "bypass": {"en": "or generate through engine.module.generate to bypass it",
+                   "zh": "或通过 engine.module.generate 绕过它"},
+    }),
     fix={
         "en": "For inference alone delete hybrid_engine (it is DeepSpeed-Chat's RLHF generation engine); {fix}",
-        "zh": "仅做推理时请删除 hybrid_engine（它是 DeepSpeed-Chat 的 RLHF 生成引擎）；{fix_zh}",
+        "zh": "仅做推理时请删除 hybrid_engine（它是 DeepSpeed-Chat 的 RLHF 生成引擎）；{fix}",
     },
     explanation=explanation(
         en=(
@@ -490,11 +551,39 @@ rule(
     "DSD129", "weight-quantization-not-applied", "warning",
     message={
         "en": "weight_quantization.{part}: {problem}",
-        "zh": "weight_quantization.{part}：{problem_zh}",
+        "zh": "weight_quantization.{part}：{problem}",
+    },
+    phrases={
+        "needs-stage3": {"en": "int{bits} weights are made only under zero.Init, which needs ZeRO stage 3; with stage "
+                               "{stage} nothing is quantized",
+                         "zh": "int{bits} 权重只在 zero.Init 下生成，而 zero.Init 需要 ZeRO stage 3；stage {stage} 下什么也"
+                               "不会被量化"},
+        "zero-init-only": {"en": "takes effect only if the model is built under zero.Init with this config (int{bits} "
+                                 "weights, CUDA only); deepspeed.initialize does not quantize a model that is already "
+                                 "built",
+                           "zh": "只有模型在使用此配置的 zero.Init 下构建时才生效（int{bits} 权重，仅 CUDA）；"
+                                 "deepspeed.initialize 不会量化已经构建好的模型"},
+        "post-init-ignored": {"en": "deepspeed.initialize ignores it; it acts only when the script calls "
+                                    "_init_group_wise_weight_quantization(model, ds_config) itself",
+                              "zh": "deepspeed.initialize 会忽略它；只有脚本自己调用 "
+                                    "_init_group_wise_weight_quantization(model, ds_config) 时才生效"},
+        "use-stage3": {"en": "Use \"zero_optimization\": {{\"stage\": 3}} and build the model under "
+                             "HfDeepSpeedConfig(ds_config) (created before from_pretrained) or "
+                             "deepspeed.zero.Init(config_dict_or_path=ds_config)",
+                       "zh": "使用 \"zero_optimization\": {{\"stage\": 3}}，并在 HfDeepSpeedConfig(ds_config)（在 "
+                             "from_pretrained 之前创建）或 deepspeed.zero.Init(config_dict_or_path=ds_config) 下构建模型"},
+        "hf-config-first": {"en": "Create HfDeepSpeedConfig(ds_config) before from_pretrained and keep it alive "
+                                  "(dsdoctor trace shows whether the model reached initialize partitioned)",
+                            "zh": "在 from_pretrained 之前创建 HfDeepSpeedConfig(ds_config) 并保持存活（dsdoctor trace "
+                                  "可显示模型到达 initialize 时是否已分片）"},
+        "call-post-init": {"en": "Call deepspeed.inference.quantization.quantization._init_group_wise_weight_quantization"
+                                 "(model, ds_config) after loading, or use quantized_initialization",
+                           "zh": "加载后调用 deepspeed.inference.quantization.quantization._init_group_wise_weight_quantization"
+                                 "(model, ds_config)，或改用 quantized_initialization"},
     },
     fix={
         "en": "{fix}",
-        "zh": "{fix_zh}",
+        "zh": "{fix}",
     },
     explanation=explanation(
         en=(

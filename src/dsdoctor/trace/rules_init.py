@@ -1,16 +1,7 @@
 """DSD340-DSD344: what trace sees at deepspeed.initialize. Texts in English and Chinese."""
 from __future__ import annotations
 
-from dsdoctor.findings import rule
-
-try:
-    from dsdoctor.findings import explanation
-except ImportError:  # before the one-anatomy refactor lands: the same "## heading" sections, built here
-    def explanation(*, en, zh):
-        heads = {"en": ("What it does", "Why is this bad?", "Example", "Use instead"),
-                 "zh": ("作用", "为什么有问题？", "示例", "应改为")}
-        return {lang: "\n\n".join(f"## {h}\n{b.strip()}" for h, b in zip(heads[lang], parts)) + "\n"
-                for lang, parts in (("en", en), ("zh", zh))}
+from dsdoctor.findings import explanation, rule
 
 rule(
     "DSD340", "unpartitioned-model-at-initialize", "warning",
@@ -19,8 +10,17 @@ rule(
               "{params} parameters ({bytes}) have no ZeRO id because {why}; initialize moves the whole model to "
               "each GPU before it partitions, so the OOM happens there, before offload_param can act",
         "zh": "rank {rank}：模型以未分片状态到达 deepspeed.initialize（ZeRO-3）：{params} 个参数中有 {unpartitioned} 个"
-              "（{bytes}）没有 ZeRO id，原因是{why_zh}；initialize 在分片之前把整个模型搬到每张 GPU 上，OOM 就发生在那里，"
+              "（{bytes}）没有 ZeRO id，原因是{why}；initialize 在分片之前把整个模型搬到每张 GPU 上，OOM 就发生在那里，"
               "offload_param 还来不及起作用",
+    },
+    phrases={
+        "no-hf-config": {"en": "no HfDeepSpeedConfig was created and the model was not built under zero.Init",
+                         "zh": "没有创建 HfDeepSpeedConfig，模型也不是在 zero.Init 下构建的"},
+        "created-after": {"en": "HfDeepSpeedConfig was created after the model was built ({api})",
+                          "zh": "HfDeepSpeedConfig 是在模型构建（{api}）之后才创建的"},
+        "not-alive": {"en": "HfDeepSpeedConfig was created but was no longer alive when {api} ran (no reference kept)",
+                      "zh": "HfDeepSpeedConfig 虽已创建，但 {api} 运行时它已不存活（没有保留引用）"},
+        "outside-zero-init": {"en": "the model was built outside zero.Init", "zh": "模型是在 zero.Init 之外构建的"},
     },
     fix={
         "en": "Create dschf = HfDeepSpeedConfig(ds_config) before from_pretrained and keep the reference alive until "
