@@ -29,16 +29,21 @@ def _true(v) -> bool:
 
 # ------------------------------------------------------------------ runner and mode
 
-def model_size_text(runner: Runner, spec: ModelSpec | None) -> tuple[str, str] | None:
-    """("8.03B params, 15.0 GiB in bf16", zh) from --model, else what the model's name says."""
+ONE_GPU_BYTES = 70 * 2**30  # bf16 weights that leave room for KV cache and activations on an 80 GiB GPU
+
+
+def model_size_text(runner: Runner, spec: ModelSpec | None) -> tuple[str, str, int] | None:
+    """("8.03B params, 15.0 GiB in bf16", zh, bytes) from --model, else what the model's name says."""
     if spec is not None:
-        en = f"{human_count(spec.num_params)} params, {human_bytes(spec.num_params * 2)} in bf16"
-        return en, f"{human_count(spec.num_params)} 参数，bf16 下 {human_bytes(spec.num_params * 2)}"
+        nbytes = spec.num_params * 2
+        en = f"{human_count(spec.num_params)} params, {human_bytes(nbytes)} in bf16"
+        return en, f"{human_count(spec.num_params)} 参数，bf16 下 {human_bytes(nbytes)}", nbytes
     size = size_from_name(runner.model)
     if size:
-        gib = human_bytes(int(float(size[:-1]) * 1e9 * 2))
+        nbytes = int(float(size[:-1]) * 1e9 * 2)
+        gib = human_bytes(nbytes)
         return (f"{size} by its name ({runner.model}), about {gib} in bf16",
-                f"按名字为 {size}（{runner.model}），bf16 下约 {gib}")
+                f"按名字为 {size}（{runner.model}），bf16 下约 {gib}", nbytes)
     return None
 
 
@@ -57,12 +62,21 @@ def runner_findings(loaded: LoadedConfig, eff: Effective, runner: Runner, spec: 
             what = ("every rank gathers every layer for every generated token (synced_gpus), many times slower "
                     "than a plain load")
             what_zh = "每生成一个 token 每个 rank 都要 gather 每一层（synced_gpus），比直接加载慢很多倍"
-        fits = (f"The model ({size[0]}) fits one GPU: " if size else "If the model fits one GPU (an 8B model is "
-                "about 15 GiB in bf16): ")
-        fits_zh = (f"模型（{size[1]}）单卡放得下：" if size else "如果单卡放得下模型（8B 模型 bf16 约 15 GiB）：")
-        way_out = fits + ("drop `deepspeed` from the predict run and start one replica per GPU on a shard of the "
-                          "data, or batch-generate with a serving engine (vLLM, SGLang); keep ZeRO-3 for training")
-        way_out_zh = fits_zh + "预测时去掉 `deepspeed`，每张 GPU 跑一个副本处理一部分数据，或用推理服务引擎（vLLM、SGLang）批量生成；ZeRO-3 留给训练"
+        if size and size[2] > ONE_GPU_BYTES:
+            gpus = -(-size[2] // ONE_GPU_BYTES)
+            way_out = (f"The model ({size[0]}) needs about {gpus} GPUs for its weights: batch-generate from the saved "
+                       f"model with a serving engine using tensor parallelism (vLLM/SGLang, tensor parallel size "
+                       f"{gpus} or more), or predict without predict_with_generate; keep ZeRO-3 for training")
+            way_out_zh = (f"模型（{size[1]}）仅权重就需要约 {gpus} 张 GPU：用支持张量并行的推理服务引擎（vLLM/SGLang，"
+                          f"张量并行度 {gpus} 或以上）对保存的模型批量生成，或不用 predict_with_generate 做预测；ZeRO-3 留给训练")
+        else:
+            fits = (f"The model ({size[0]}) fits one GPU: " if size else "If the model fits one GPU (an 8B model is "
+                    "about 15 GiB in bf16): ")
+            fits_zh = (f"模型（{size[1]}）单卡放得下：" if size else "如果单卡放得下模型（8B 模型 bf16 约 15 GiB）：")
+            way_out = fits + ("drop `deepspeed` from the predict run and start one replica per GPU on a shard of the "
+                              "data, or batch-generate with a serving engine (vLLM, SGLang); keep ZeRO-3 for training")
+            way_out_zh = fits_zh + ("预测时去掉 `deepspeed`，每张 GPU 跑一个副本处理一部分数据，或用推理服务引擎（vLLM、SGLang）"
+                                    "批量生成；ZeRO-3 留给训练")
         f = Finding("DSD120", {"runner": runner.label, "mode": runner.mode, "what": what, "what_zh": what_zh,
                                "way_out": way_out, "way_out_zh": way_out_zh,
                                "model_size": size[0] if size else None})
