@@ -207,3 +207,11 @@ def test_command_naming_a_trainer_yaml_or_accelerate_config(tmp_path):
     cmd.write_text("llamafactory-cli train missing.yaml\n")
     proc = run_cli("check", cmd)
     assert proc.returncode == 2 and "missing.yaml" in proc.stderr
+
+
+def test_a_model_too_big_for_one_gpu_gets_a_tensor_parallel_way_out(tmp_path):
+    y = tmp_path / "lf.yaml"
+    y.write_text("model_name_or_path: Qwen/Qwen2-72B-Instruct\nstage: sft\ndo_predict: true\n"
+                 "predict_with_generate: true\ndeepspeed: ds_z3_config.json\n")
+    fix = next(f for f in check(y).findings if f.code == "DSD120").fix("en")
+    assert "needs about 2 GPUs" in fix and "tensor parallel" in fix and "fits one GPU" not in fix

@@ -29,16 +29,24 @@ def _true(v) -> bool:
 
 # ------------------------------------------------------------------ runner and mode
 
-def model_size_phrase(runner: Runner, spec: ModelSpec | None) -> Phrase:
-    """The model's size from --model, else what its name says (DSD120's "fits one GPU" part)."""
+ONE_GPU_BYTES = 70 * 2**30  # bf16 weights that leave room for KV cache and activations on an 80 GiB GPU
+
+
+def way_out_phrase(runner: Runner, spec: ModelSpec | None) -> Phrase:
+    """DSD120's way out, sized by --model or by the model's name: replicas when one GPU holds the weights,
+    tensor-parallel serving when it does not."""
     if spec is not None:
-        return Phrase("fits-model", {"params": human_count(spec.num_params),
-                                     "bytes": human_bytes(spec.num_params * 2)})
-    size = size_from_name(runner.model)
-    if size:
-        return Phrase("fits-name", {"size": size, "name": runner.model,
-                                    "bytes": human_bytes(int(float(size[:-1]) * 1e9 * 2))})
-    return Phrase("fits-unknown")
+        nbytes = spec.num_params * 2
+        size = Phrase("size-model", {"params": human_count(spec.num_params), "bytes": human_bytes(nbytes)})
+    elif size_from_name(runner.model):
+        name_size = size_from_name(runner.model)
+        nbytes = int(float(name_size[:-1]) * 1e9 * 2)
+        size = Phrase("size-name", {"size": name_size, "name": runner.model, "bytes": human_bytes(nbytes)})
+    else:
+        return Phrase("way-out", {"fits": Phrase("fits-unknown")})
+    if nbytes > ONE_GPU_BYTES:
+        return Phrase("way-out-tp", {"size": size, "gpus": -(-nbytes // ONE_GPU_BYTES)})
+    return Phrase("way-out", {"fits": Phrase("fits", {"size": size})})
 
 
 def runner_findings(loaded: LoadedConfig, eff: Effective, runner: Runner, spec: ModelSpec | None) -> list[Finding]:
@@ -49,7 +57,7 @@ def runner_findings(loaded: LoadedConfig, eff: Effective, runner: Runner, spec: 
         lf = runner.name == "llamafactory"
         f = Finding("DSD120", {"runner": runner.label, "mode": runner.mode,
                                "what": Phrase("refused" if lf else "slow"),
-                               "way_out": Phrase("way-out", {"fits": model_size_phrase(runner, spec)})})
+                               "way_out": way_out_phrase(runner, spec)})
         if not lf:
             f.severity = "warning"
         out.append(f)

@@ -24,12 +24,17 @@ rule(
         "slow": {"en": "every rank gathers every layer for every generated token (synced_gpus), many times slower "
                        "than a plain load",
                  "zh": "每生成一个 token 每个 rank 都要 gather 每一层（synced_gpus），比直接加载慢很多倍"},
-        "fits-model": {"en": "The model ({params} params, {bytes} in bf16) fits one GPU",
-                       "zh": "模型（{params} 参数，bf16 下 {bytes}）单卡放得下"},
-        "fits-name": {"en": "The model ({size} by its name {name}, about {bytes} in bf16) fits one GPU",
-                      "zh": "模型（按名字 {name} 为 {size}，bf16 下约 {bytes}）单卡放得下"},
+        "size-model": {"en": "{params} params, {bytes} in bf16", "zh": "{params} 参数，bf16 下 {bytes}"},
+        "size-name": {"en": "{size} by its name {name}, about {bytes} in bf16",
+                      "zh": "按名字 {name} 为 {size}，bf16 下约 {bytes}"},
+        "fits": {"en": "The model ({size}) fits one GPU", "zh": "模型（{size}）单卡放得下"},
         "fits-unknown": {"en": "If the model fits one GPU (an 8B model is about 15 GiB in bf16)",
                          "zh": "如果单卡放得下模型（8B 模型 bf16 约 15 GiB）"},
+        "way-out-tp": {"en": "The model ({size}) needs about {gpus} GPUs for its weights: batch-generate from the "
+                             "saved model with a serving engine using tensor parallelism (vLLM/SGLang, tensor parallel "
+                             "size {gpus} or more), or predict without predict_with_generate; keep ZeRO-3 for training",
+                       "zh": "模型（{size}）仅权重就需要约 {gpus} 张 GPU：用支持张量并行的推理服务引擎（vLLM/SGLang，张量并行度 "
+                             "{gpus} 或以上）对保存的模型批量生成，或不用 predict_with_generate 做预测；ZeRO-3 留给训练"},
         "way-out": {"en": "{fits}: drop `deepspeed` from the predict run and start one replica per GPU on a shard of "
                           "the data, or batch-generate with a serving engine (vLLM, SGLang); keep ZeRO-3 for training",
                     "zh": "{fits}：预测时去掉 `deepspeed`，每张 GPU 跑一个副本处理一部分数据，或用推理服务引擎（vLLM、SGLang）"
