@@ -140,3 +140,12 @@ def test_accelerate_runner_checks_both_fillers(tmp_path):
     f = next(f for f in check(y, versions=dict(new, accelerate="0.30.1")).findings if f.code == "DSD126")
     assert "accelerate 0.30.1" in f.message("en")
     assert "DSD126" not in codes(check(y, versions=dict(new, accelerate="0.31.0")))
+
+
+def test_hybrid_engine_and_weight_quantization_show_in_the_table_and_json():
+    r = check(DATA / "hybrid_engine_z3.json")
+    assert r.sections["hybrid_engine"] == {"enabled": True, "pin_parameters": True, "inference_tp_size": 4}
+    assert "enabled: DeepSpeedHybridEngine" in r.to_text("en")
+    w = check(DATA / "weight_quant_z2.json")
+    assert w.to_dict()["sections"]["weight_quantization"]["num_bits"] == 4
+    assert "int4 quantized_initialization (no effect: needs stage 3)" in w.to_text("en")

@@ -45,6 +45,7 @@ class CheckResult:
     inference_config: InferenceSettings | None = None  # an init_inference config, as DeepSpeed reads it
     ref_missing: bool = False  # the DeepSpeed config a trainer names was not found
     stage_from_name: int | None = None  # its stage, as its file name says
+    sections: dict = field(default_factory=dict)  # hybrid_engine / weight_quantization, as read
 
     def to_dict(self, lang: str = "en") -> dict:
         eff = self.effective.to_dict()
@@ -66,6 +67,7 @@ class CheckResult:
             "runner": self.runner.to_dict() if self.runner else None,
             "versions": self.versions.to_dict() if self.versions else None,
             "inference_config": self.inference_config.to_dict() if self.inference_config else None,
+            "sections": self.sections,
         }
 
     def _inference_rows(self, lang: str):
@@ -83,6 +85,28 @@ class CheckResult:
                       "zero section ignored: init_inference never partitions or offloads") if c.zero else
              ("无（init_inference 不分片）" if zh else "none (init_inference does not partition)"), ""),
         ]
+
+    def _inference_section_rows(self, lang: str):
+        """hybrid_engine and weight_quantization: what takes effect at inference."""
+        zh = lang == "zh"
+        rows = []
+        he = self.sections.get("hybrid_engine")
+        if he is not None:
+            rows.append(("hybrid_engine", ("启用：DeepSpeedHybridEngine" if zh else "enabled: DeepSpeedHybridEngine") +
+                         f" (pin_parameters={str(he['pin_parameters']).lower()}, "
+                         f"inference_tp_size={he['inference_tp_size']})" if he["enabled"] else
+                         ("关闭" if zh else "disabled"), ""))
+        wq = self.sections.get("weight_quantization")
+        if wq is not None:
+            parts = []
+            if wq.get("quantized_initialization"):
+                parts.append(f"int{wq['num_bits']} quantized_initialization " + (
+                    ("（仅在 zero.Init 下）" if zh else "(only under zero.Init)") if self.effective.zero_stage == 3 else
+                    ("（不生效：需要 stage 3）" if zh else "(no effect: needs stage 3)")))
+            if wq.get("post_init_quant"):
+                parts.append("post_init_quant " + ("（仅当脚本调用时）" if zh else "(only if the script calls it)"))
+            rows.append(("weight_quantization", "; ".join(parts) or ("无" if zh else "none"), ""))
+        return rows
 
     def _rows(self, lang: str):
         if self.inference_config is not None:
@@ -134,6 +158,7 @@ class CheckResult:
                  hfv("param_persistence_threshold")),
                 ("stage3_max_live_parameters", show(e.max_live_parameters), hfv("max_live_parameters")),
             ]
+        rows += self._inference_section_rows(lang)
         if e.has_optimizer or e.zero_stage in (1, 2):
             rows.append(("reduce_bucket_size", show(e.reduce_bucket_size), hfv("reduce_bucket_size")))
         mb = e.values.get("train_micro_batch_size_per_gpu")
@@ -258,6 +283,7 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         findings=sort_findings(findings), model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
         ref_path=loaded.ref_path, runner=runner, versions=vers, inference_config=inference_cfg,
         ref_missing=loaded.ref_missing, stage_from_name=loaded.stage_from_name,
+        sections=checks_configs.inference_sections(loaded.raw),
     )
 
 

@@ -270,3 +270,24 @@ def weight_quantization_findings(raw: dict, eff: Effective, runner: Runner) -> l
         f.severity = "info"
         out.append(f)
     return out
+
+
+def inference_sections(raw: dict) -> dict:
+    """hybrid_engine and weight_quantization as DeepSpeed reads them (defaults from runtime/config.py)."""
+    out = {}
+    he = raw.get("hybrid_engine")
+    if isinstance(he, dict):
+        try:
+            tp = _as_int("hybrid_engine.inference_tp_size", he.get("inference_tp_size", 1), minimum=1)
+        except InputError:
+            tp = None
+        out["hybrid_engine"] = {"enabled": _true(he.get("enabled", False)),
+                                "pin_parameters": _true(he["pin_parameters"]) if "pin_parameters" in he else True,
+                                "inference_tp_size": tp}
+    wq = raw.get("weight_quantization")
+    if isinstance(wq, dict):
+        qi = wq.get("quantized_initialization")
+        out["weight_quantization"] = {
+            "quantized_initialization": bool(qi), "post_init_quant": bool(wq.get("post_init_quant")),
+            "num_bits": qi.get("num_bits", 8) if isinstance(qi, dict) else None}
+    return out
