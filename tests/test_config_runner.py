@@ -215,3 +215,14 @@ def test_a_model_too_big_for_one_gpu_gets_a_tensor_parallel_way_out(tmp_path):
                  "predict_with_generate: true\ndeepspeed: ds_z3_config.json\n")
     fix = next(f for f in check(y).findings if f.code == "DSD120").fix("en")
     assert "needs about 2 GPUs" in fix and "tensor parallel" in fix and "fits one GPU" not in fix
+
+
+def test_shell_script_with_exports_and_continuations(tmp_path):
+    (tmp_path / "ds.json").write_text((DATA / "ds_z3_auto.json").read_text())
+    sh = tmp_path / "predict.sh"
+    sh.write_text("#!/bin/bash\nset -e\nexport CUDA_VISIBLE_DEVICES=0,1\ncd /tmp  # somewhere\n"
+                  "deepspeed --num_gpus 2 run_summarization.py \\\n  --model_name_or_path t5-small \\\n"
+                  f"  --deepspeed {tmp_path / 'ds.json'} \\\n  --do_predict --predict_with_generate\n")
+    r = check(sh)
+    assert (r.runner.name, r.mode) == ("hf-trainer", "predict-with-generate")
+    assert codes(r)["DSD120"] == "warning"

@@ -452,21 +452,26 @@ _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def _command_tokens(text: str) -> list[str]:
+    """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
+    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped)."""
     import shlex
 
-    try:
-        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError:  # unbalanced quotes: not a command line
-        return []
-    while tokens and _ENV_ASSIGN.match(tokens[0]):  # CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...
-        tokens.pop(0)
-    return tokens
+    for line in text.replace("\\\n", " ").splitlines():
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:  # unbalanced quotes: not a command line
+            continue
+        while tokens and _ENV_ASSIGN.match(tokens[0]):  # CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...
+            tokens.pop(0)
+        if tokens and tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
+            return tokens
+    return []
 
 
 def looks_like_command(text: str) -> bool:
-    """A launch command line (its first word, after VAR=value assignments, is a launcher or trainer CLI)."""
-    tokens = _command_tokens(text)
-    return bool(tokens) and tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS
+    """A launch command line or a shell script with one (a line whose first word, after VAR=value assignments,
+    is a launcher or trainer CLI)."""
+    return bool(_command_tokens(text))
 
 
 def parse_command(text: str) -> dict:
