@@ -101,3 +101,19 @@ def test_partition_state_counts_parameters_without_zero_ids():
     model[0].weight.ds_id = 0  # as zero.Init marks what it partitioned
     assert _partition_state(model)["unpartitioned"] == 2
     assert _partition_state(None) is None
+
+
+def test_zero_section_handed_to_init_inference_is_reported_at_run_time(tmp_path, monkeypatch):
+    import dsdoctor.config.checks_configs as cc
+
+    monkeypatch.setattr(cc, "this_machine_gpu", lambda: None)
+    rec = Recorder(str(tmp_path))
+    try:
+        cfg = {"dtype": "bf16", "zero": {"stage": 3, "offload_param": {"device": "cpu"}}}
+        rec.write("config", api="deepspeed.init_inference", source="dict", config=cfg, summary={"stage": 3})
+        token = rec.begin("init", api="deepspeed.init_inference")
+        rec.end(token, engine={"engine": "InferenceEngine", "zero_stage": 0})
+    finally:
+        rec.close()
+    f = _findings(tmp_path)["DSD122"]
+    assert f.values["config_dict"]["zero_optimization"]["offload_param"]["device"] == "cpu"

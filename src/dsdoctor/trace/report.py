@@ -355,6 +355,10 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
+    ignored = _ignored_zero_at_init_inference(records)
+    if ignored:
+        out.append(ignored)
+
     unpartitioned = _unpartitioned_finding(ranks, records)
     if unpartitioned:
         out.append(unpartitioned)
@@ -435,6 +439,22 @@ def _why_unpartitioned(rec: RankRecord) -> Phrase:
     if loads and not any(p.info.get("hf_zero3") for p in loads):
         return Phrase("not-alive", {"api": api})
     return Phrase("outside-zero-init")
+
+
+def _ignored_zero_at_init_inference(records: list[RankRecord]) -> Finding | None:
+    """DSD122 at run time: the script handed init_inference a config with a zero section, which it ignores."""
+    from dsdoctor.config.checks_configs import init_inference_findings
+    from dsdoctor.config.inference_config import read_inference_config
+
+    for rec in records:
+        for c in rec.configs:
+            cfg = c.get("config")
+            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict) and isinstance(cfg.get("zero"), dict):
+                found = [f for f in init_inference_findings(read_inference_config(cfg), None, None) if f.code == "DSD122"]
+                if found:
+                    found[0].values["rank"] = rec.rank
+                    return found[0]
+    return None
 
 
 def _unpartitioned_finding(ranks: list[RankSummary], records: list[RankRecord]) -> Finding | None:
