@@ -48,7 +48,33 @@ def version_tuple(text: str | None) -> tuple | None:
     return tuple(int(x or 0) for x in m.groups())
 
 
-def installed(name: str) -> str | None:
+def _dist_info_versions() -> dict[str, str]:
+    """name -> version from the ``NAME-VERSION.dist-info`` folders on sys.path (first one wins, as for imports).
+    One directory listing per path entry: importlib.metadata.version() scans every distribution, about 80 ms a
+    package in a full environment, and check must stay fast."""
+    import os
+    import sys
+
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith((".dist-info", ".egg-info")) and "-" in n:
+                dist, _, rest = n.rpartition(".")[0].partition("-")
+                key = dist.lower().replace("_", "-")
+                if key in PACKAGES and key not in found:
+                    found[key] = rest.split("-")[0]
+    return found
+
+
+def installed(name: str, _cache: dict = {}) -> str | None:  # noqa: B006 - a per-process cache
+    if "all" not in _cache:
+        _cache["all"] = _dist_info_versions()
+    if name in _cache["all"]:
+        return _cache["all"][name]
     from importlib import metadata
 
     try:
