@@ -114,7 +114,10 @@ def test_cli_gpu_name_flag_and_json():
 
 def test_nested_key_tables_match_deepspeed_inference_models():
     from deepspeed.inference.config import (
-        DeepSpeedMoEConfig, DeepSpeedTPConfig, InferenceCheckpointConfig, QuantizationConfig,
+        DeepSpeedMoEConfig,
+        DeepSpeedTPConfig,
+        InferenceCheckpointConfig,
+        QuantizationConfig,
     )
 
     from dsdoctor.config.inference_config import CKPT_FIELDS, MOE_FIELDS, QUANT_FIELDS, TP_FIELDS

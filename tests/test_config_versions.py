@@ -127,7 +127,9 @@ def test_weight_quantization_unknown_key_matches_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
     cfg = {"train_micro_batch_size_per_gpu": 1, "weight_quantization": {"quantized_init": {"num_bits": 4}}}
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="quantized_init"):
         DeepSpeedConfig(cfg)
     assert codes(check(cfg))["DSD114"] == "error"
 

@@ -8,16 +8,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
-from dsdoctor.config import checks_configs
+from dsdoctor.config import (
+    checks_configs,
+    rules,  # noqa: F401  (registers DSD1xx)
+)
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.inference_config import InferenceSettings, read_inference_config
+from dsdoctor.config.load import LoadedConfig, load_config
 from dsdoctor.config.runner import MODES as RUNNER_MODES
 from dsdoctor.config.runner import Runner, detect_runner
-from dsdoctor.config.versions import Versions, resolve_versions
-from dsdoctor.config.load import LoadedConfig, load_config
 from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
+from dsdoctor.config.versions import Versions, resolve_versions
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec

@@ -11,8 +11,13 @@ from dsdoctor.config.inference_config import InferenceSettings
 from dsdoctor.config.load import LoadedConfig
 from dsdoctor.config.runner import Runner, size_from_name
 from dsdoctor.config.versions import (
-    ACCELERATE_INT_PREFETCH, DEEPSPEED_AUTOTP_ZERO3, DEEPSPEED_PIN_FALSE_BEFORE, DEEPSPEED_PIN_TRUE_KNOWN,
-    DEEPSPEED_PYDANTIC_V2, TRANSFORMERS_INT_PREFETCH, Versions,
+    ACCELERATE_INT_PREFETCH,
+    DEEPSPEED_AUTOTP_ZERO3,
+    DEEPSPEED_PIN_FALSE_BEFORE,
+    DEEPSPEED_PIN_TRUE_KNOWN,
+    DEEPSPEED_PYDANTIC_V2,
+    TRANSFORMERS_INT_PREFETCH,
+    Versions,
 )
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase
