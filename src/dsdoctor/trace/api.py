@@ -84,8 +84,9 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
 
     def run_all(directory: Path, final: str | None) -> AbResult:
         results, as_is_findings = [], []
-        for n, v in enumerate(chosen, 1):
-            print(f"dsdoctor ab: variant {n}/{len(chosen)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
+        queue = list(chosen)
+        for n, v in enumerate(queue, 1):
+            print(f"dsdoctor ab: variant {n}/{len(queue)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
             sub = _dirname(v.name)
             t = _trace_into(directory / sub, command, v.name, timeout, echo, lang,
                             f"{final}/{sub}" if final else None)
@@ -93,6 +94,11 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
             print(f"dsdoctor ab: variant {v.name}: {t.status}", file=sys.stderr, flush=True)
             if v.name == "as-is":  # the run as the user runs it: its findings are the user's problems
                 as_is_findings = t.findings
+                if variants is None and any(r.loop for r in t.ranks):
+                    # generation inside training: the inference variants do not apply, gather-once does
+                    queue[n:] = parse_variants("gather-once")
+                    print("dsdoctor ab: the run trains between generates; next variant: gather-once",
+                          file=sys.stderr, flush=True)
         result = AbResult(command=command, variants=results, findings=diagnose(results) + as_is_findings,
                           out_dir=final)
         if final:

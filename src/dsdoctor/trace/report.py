@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from dsdoctor.findings import RULES, Finding, all_rules, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace import loop as gen_loop
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
@@ -66,6 +67,7 @@ class RankSummary:
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
     timeline_png: str | None = None
+    loop: dict | None = None  # generation inside training (trace/loop.py): per-generate cost; None otherwise
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -143,6 +145,8 @@ class TraceResult:
         rows = list(self._phase_rows())
         if rows:
             out += ["\n", text_table(ph, rows)]
+        if any(r.loop for r in self.ranks):
+            out += ["\n", text_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         out += ["\n", findings_text(self.findings, lang, style) if style else findings_text(self.findings, lang, _ascii())]
         if self.out_dir:
             out.append(f"{_t('files', lang)}: {self.out_dir}/report.json, report.md, timeline.html\n")
@@ -156,6 +160,9 @@ class TraceResult:
                f"{self.wall_s:.1f} s\n\n## {_t('ranks', lang)}\n\n", markdown_table(rh, list(self._rank_rows())),
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+        if any(r.loop for r in self.ranks):
+            out[-2:-2] = ["\n## generate inside training\n\n",
+                          markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         for r in self.ranks:
             if r.timeline_png:
                 out.append(f"\n![rank {r.rank} memory timeline]({r.timeline_png})\n")
@@ -302,6 +309,7 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         s.stopped_in = unfinished[-1].label if unfinished else (
             f"after {rec.phases[-1].label}" if rec.phases else "before any observed call")
         s.where = _where_in_stack(rec.stack)
+    s.loop = gen_loop.summarize(rec, engine)
     t0 = rec.t0 or 0
     step = max(1, len(rec.samples) // 600)
     s.timeline = [[round(x[0] - t0, 3), x[1], x[2], x[3]] for x in rec.samples[::step]]
@@ -321,7 +329,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if not records:
         out.append(Finding("DSD309", {}))
 
-    built = [r for r in ranks if r.optimizer]
+    built = [r for r in ranks if r.optimizer and not (r.loop and gen_loop.quiet_in_loop("DSD101"))]
     if built and "DSD101" in RULES:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
@@ -365,6 +373,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
+    out += gen_loop.loop_findings(ranks)
     peak = _peak_finding(ranks)
     if peak:
         out.append(peak)
@@ -437,6 +446,13 @@ _PHASE_ADVICE = {
              "加载时的权重：在 ZeRO-3 内构建模型（先创建 HfDeepSpeedConfig 再 from_pretrained）"),
     "init": ("what deepspeed.initialize builds: use an inference-only config (dsdoctor split)",
              "deepspeed.initialize 构建的东西：使用仅推理配置（dsdoctor split）"),
+    "init-training": ("what deepspeed.initialize builds for training (ZeRO partitions, optimizer buffers): "
+                      "more ranks, offload_optimizer, or a smaller reduce_bucket_size",
+                      "deepspeed.initialize 为训练构建的东西（ZeRO 分区、优化器缓冲）：更多 rank、offload_optimizer 或更小的 "
+                      "reduce_bucket_size"),
+    "training-step": ("the training step between generates (forward activations, gathered parameters, gradients, "
+                      "Adam moments from the first step): smaller micro-batch, activation checkpointing",
+                      "生成之间的训练步（前向激活、收集的参数、梯度、首次 step 后的 Adam 动量）：更小的 micro-batch、激活检查点"),
     "generate": ("gathered layers, KV cache and activations: smaller batch or shorter generation; "
                  "dsdoctor ab shows whether offload_param matters",
                  "收集的层、KV cache 和激活：减小 batch 或缩短生成；dsdoctor ab 可显示 offload_param 是否相关"),
@@ -454,6 +470,10 @@ def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
     top = max(cands, key=lambda r: getattr(r, key))
     phase = top.peak_phase
     base = phase.split("#")[0]
+    if top.loop and base == "init":  # a training loop needs what initialize builds
+        base = "init-training"
+    elif top.loop and base not in _PHASE_ADVICE:  # between generates a loop runs its training step
+        base = "training-step"
     advice = _PHASE_ADVICE.get(base, ("something the script does outside the observed calls",
                                       "脚本在被观察调用之外做的事情"))
     return Finding("DSD304", {"kind": "GPU" if gpu else "host", "kind_zh": "GPU " if gpu else "主机", "peak": human_bytes(getattr(top, key)),

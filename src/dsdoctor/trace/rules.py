@@ -324,3 +324,6 @@ rule(
         "`dsdoctor ab --variants as-is,pin-memory-off,prefetch=1e8 -- ...` 调优传输。",
     ),
 )
+
+
+from dsdoctor.trace import loop_rules  # noqa: E402,F401  (DSD330-DSD332: generation inside training)

@@ -18,7 +18,7 @@ import re
 import sys
 import threading
 
-from dsdoctor.trace.observer import recorder
+from dsdoctor.trace.observer import loop, recorder
 
 _SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
 _shard_loads: list[str] = []
@@ -220,6 +220,7 @@ def _patch_deepspeed(ds):
     if getattr(ds, "_dsdoctor_patched", False):
         return
     ds._dsdoctor_patched = True
+    _safe(loop.patch_engine_class, ds)  # train events: generation inside training
     original_initialize = ds.initialize
     sig = inspect.signature(original_initialize)
 
@@ -251,6 +252,7 @@ def _patch_deepspeed(ds):
             _safe(rec.end, token, error=exc)
             raise
         engine = result[0] if isinstance(result, tuple) else result
+        _safe(loop.remember_engine, engine)
         info = _safe(_engine_info, engine) or {}
         info.update(_safe(_model_info, engine.module if hasattr(engine, "module") else engine) or {})
         _safe(rec.end, token, engine=info)
@@ -409,17 +411,30 @@ def _patch_generation(gu):
             inputs = _generate_inputs(args, kwargs)
             if inputs is not None:
                 info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
+            info.update(loop.generate_info(self))
         except Exception:
             pass
+        gather = None
+        if _variant_name() == "gather-once" and info.get("zero3_partitioned"):
+            gather = _safe(_gather_once_context, self)
+            info["gather_once"] = "applied" if not isinstance(gather, str) and gather is not None else \
+                (gather or "observer error")
+            if isinstance(gather, str):
+                gather = None
         token = _safe(rec.begin, "generate", api="generate", **info)
         if token is None:
             return original(self, *args, **kwargs)
+        counter = _safe(loop.ForwardCounter, self)
         try:
-            out = original(self, *args, **kwargs)
+            if gather is not None:
+                with gather:
+                    out = original(self, *args, **kwargs)
+            else:
+                out = original(self, *args, **kwargs)
         except BaseException as exc:
-            _safe(rec.end, token, error=exc)
+            _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
             raise
-        extra = {}
+        extra = {"forwards": counter.close() if counter else None}
         try:
             seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
             if seq is not None and "prompt_len" in info:
@@ -431,6 +446,15 @@ def _patch_generation(gu):
 
     generate._dsdoctor = True
     cls.generate = generate
+
+
+def _gather_once_context(model):
+    """The ab variant gather-once: a context for this generate, or the reason it does not apply."""
+    from dsdoctor.trace.observer import gather_once
+
+    engine = loop.engine_of(model)
+    reason = gather_once.why_not(engine, model)
+    return reason if reason else gather_once.gathered_for_generation(engine)
 
 
 def _patch_hf_deepspeed(mod):
