@@ -1,15 +1,14 @@
 """A small PPO-style loop: the policy trains under ZeRO-3 and generates its own rollouts. Traced unchanged.
 
-    deepspeed --num_gpus 2 ppo_loop.py --config ppo_zero3.json [--iters 3] [--tokens-out DIR]
+    deepspeed --num_gpus 2 ppo_loop.py --config ppo_zero3.json [--iters 3]
 
 Each iteration: generate (greedy, synced_gpus) -> a REINFORCE-style loss on the generated tokens' log-probs
-with a made-up reward -> engine.backward -> engine.step. With --tokens-out each rank writes every
-iteration's generated tokens to DIR/tokens-rank-R.json (the weights change every step, so equal tokens across
-two runs mean equal generation all along).
+with a made-up reward -> engine.backward -> engine.step. At the end every rank prints one JSON line with
+every iteration's generated tokens (the weights change every step, so equal tokens across two runs mean
+equal generation all along).
 """
 import argparse
 import json
-import os
 
 import deepspeed
 import torch
@@ -27,7 +26,6 @@ def main():
     p.add_argument("--local_rank", type=int, default=0)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=8)
-    p.add_argument("--tokens-out")
     a = p.parse_args()
 
     torch.manual_seed(0)
@@ -52,12 +50,7 @@ def main():
         loss = -(reward * logp).mean()
         engine.backward(loss)
         engine.step()
-    if a.tokens_out:
-        os.makedirs(a.tokens_out, exist_ok=True)
-        with open(os.path.join(a.tokens_out, f"tokens-rank-{rank}.json"), "w") as fh:
-            json.dump(generated, fh)
-    if rank == 0:
-        print(json.dumps({"iters": a.iters, "generated": len(generated[-1][0])}), flush=True)
+    print(json.dumps({"rank": rank, "loss": float(loss), "tokens": generated}), flush=True)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def _plain_linear():
 @contextlib.contextmanager
 def gathered_for_generation(engine, restore_linear: bool = True):
     """Run the body with the whole model gathered and ZeRO-3's module hooks off (see the module doc)."""
-    from deepspeed.zero import GatheredParameters
+    from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
     offload = parameter_offload(engine)
     params = list(engine.module.parameters())

@@ -8,6 +8,7 @@ the program does (except the ab config rewrite, which is the point of ab).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -425,11 +426,14 @@ def _patch_generation(gu):
         if token is None:
             return original(self, *args, **kwargs)
         counter = _safe(loop.ForwardCounter, self)
+        stack = contextlib.ExitStack()
+        if gather is not None:
+            try:
+                stack.enter_context(gather)
+            except Exception as exc:  # the variant could not start: generate as the script asked
+                _safe(rec.write, "observer_error", where="gather-once", error=repr(exc))
         try:
-            if gather is not None:
-                with gather:
-                    out = original(self, *args, **kwargs)
-            else:
+            with stack:
                 out = original(self, *args, **kwargs)
         except BaseException as exc:
             _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
