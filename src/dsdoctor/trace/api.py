@@ -15,6 +15,7 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.report.render import to_json
+from dsdoctor.trace import multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import read_records
@@ -65,11 +66,19 @@ def trace(command: list[str], out: str | None = None, timeout: float | None = No
 
     ``echo``: a stream for the command's output (default stderr), or False to keep it only in output.log."""
     command = _check(command, timeout)
+    nodes = multinode.nodes_of(command) if out is not None else None
+    if nodes:  # one agent of a multi-node torchrun: a shared DIR, node-K/ each, node 0 writes the report
+        return multinode.trace_node(command, str(out), nodes[0], nodes[1], timeout, force, echo, lang)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dsdoctor-trace-") as tmp:
             return _trace_into(Path(tmp), command, None, timeout, echo, lang, None)
     with atomic_output_dir(out, force=force) as tmp:
         return _trace_into(Path(tmp), command, None, timeout, echo, lang, str(out))
+
+
+def report_only(out: str, lang: str = "en") -> TraceResult:
+    """Rebuild the whole report of a multi-node trace from every ``out/node-K`` there is."""
+    return multinode.report_only(str(out), lang=lang)
 
 
 def _dirname(variant: str) -> str:
