@@ -13,6 +13,7 @@ import os
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
@@ -94,7 +95,9 @@ def _largest(fits_at, low: int, high: int) -> int | None:
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None) -> PlanResult:
+         gpu_name: str | None = None, loop: bool = False) -> PlanResult:
+    """``loop``: the model trains and generates its own rollouts (RLHF/GRPO): training state counted on the
+    ZeRO paths, and the paths zero2 and zero3-gather-once added (``plan/loop.py``)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
@@ -104,17 +107,21 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     shape = model_shape(spec, inv)
 
     plans: list[PathPlan] = []
-    for name in PATHS:
+
+    def estimate(name, k, w):
+        return plan_loop.estimate(name, shape, w, hw, k) if loop else estimate_path(name, shape, w, hw, k)
+
+    for name in PATHS + (plan_loop.LOOP_PATHS if loop else ()):
         k = _knobs_for(name, knobs, config_path)
-        mem = estimate_path(name, shape, wl, hw, k)
+        mem = estimate(name, k, wl)
         if mem is None:
             continue
-        speed = estimate_speed(mem, shape, wl, hw, k)
+        speed = plan_loop.speed(name, mem, shape, wl, hw, k) if loop else estimate_speed(mem, shape, wl, hw, k)
         fits, limits = _fits(mem, hw)
 
         def fits_with(**change):
             other = dataclasses.replace(wl, **change)
-            m = estimate_path(name, shape, other, hw, k)
+            m = estimate(name, k, other)
             return _fits(m, hw)[0]
 
         max_ctx = (spec.max_position_embeddings or 131072) - wl.new_tokens
@@ -129,15 +136,19 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             max_prompt_len=max_prompt, notes=mem.notes,
         ))
 
-    chosen = rec.choose(plans)
+    chosen = plan_loop.choose(plans) if loop else rec.choose(plans)
     if chosen is not None:
+        code = plan_loop.code_for(chosen.name, str(model), hw.gpus, wl.dtype) if loop else \
+            rec.code_for(chosen.name, str(model), hw.gpus, wl.dtype, knobs)
         recommendation = Recommendation(
             chosen.name, {lang: rec.why(chosen, plans, lang) for lang in ("en", "zh")},
-            rec.ds_config_for(chosen.name, knobs), rec.code_for(chosen.name, str(model), hw.gpus, wl.dtype, knobs))
+            rec.ds_config_for(chosen.name, knobs), code)
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl)
+    if loop:
+        findings += plan_loop.findings(plans, chosen)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,

@@ -25,6 +25,7 @@ LABELS = {
     "offloaded_params": ("offloaded params", "卸载的参数"),
     "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
     "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
+    "gathered_whole_model": ("whole model gathered for generate (loop)", "为 generate 收集的完整模型（循环）"),
 }
 
 

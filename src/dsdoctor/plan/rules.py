@@ -274,3 +274,5 @@ which is bound by that copy, slows by the same factor.
 """,
     },
 )
+
+from dsdoctor.plan import loop_rules  # noqa: E402,F401  (DSD207-DSD209: plan --loop)
