@@ -63,6 +63,7 @@ def main() -> int:
 
     import torch
     import torch.distributed as dist
+    import transformers.generation.utils  # noqa: F401  (pulls in torch._dynamo before zero.Init patches Tensor.__new__)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import deepspeed
