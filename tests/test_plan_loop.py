@@ -1,8 +1,6 @@
 """plan --loop: generation inside training adds the paths zero2 and zero3-gather-once (plan/loop.py)."""
 import json
 
-import pytest
-
 from dsdoctor.plan.api import plan
 from tests.helpers import EXAMPLES, run_cli
 

@@ -30,12 +30,16 @@ DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 # ------------------------------------------------------------------ unit: records -> loop summary
 
 def _write_records(path: Path, train: bool, optimizer: str | None = "DeepSpeedZeroOptimizer_Stage3",
-                   gather_once: str | None = None) -> Path:
+                   gather_once: str | None = None, reference_model: bool = False) -> Path:
     t = 1000.0
     lines = [{"event": "start", "t": t, "rank": 0, "host": "h", "pid": 1, "world_size": 2},
              {"event": "phase_start", "t": t, "phase": "init", "index": 0, "api": "deepspeed.initialize"},
              {"event": "phase_end", "t": t + 1, "phase": "init", "index": 0, "duration_s": 1.0,
               "engine": {"zero_stage": 3, "optimizer": optimizer, "world_size": 2}}]
+    if reference_model:  # DeepSpeed-Chat style: a frozen reference model initialized after the actor
+        lines += [{"event": "phase_start", "t": t + 1, "phase": "init", "index": 1, "api": "deepspeed.initialize"},
+                  {"event": "phase_end", "t": t + 1, "phase": "init", "index": 1, "duration_s": 0.1,
+                   "engine": {"zero_stage": 3, "optimizer": None, "world_size": 2}}]
     t += 1
     for i in range(2):
         info = {"zero3_partitioned": True, "world_size": 2, "batch": 2, "prompt_len": 6,
@@ -77,6 +81,11 @@ def test_a_loop_gets_its_cost_and_no_optimizer_leftover(tmp_path):
     assert "6.00s of 8.00s (75%)" in f.message() and "8 forwards" in f.message()
     assert "dsdoctor ab --variants as-is,gather-once" in f.fix()
     assert "ZeRO-3" in f.message("zh")
+
+
+def test_a_loop_with_a_reference_model_initialized_last(tmp_path):
+    ranks, findings = _trace(tmp_path, train=True, reference_model=True)
+    assert ranks[0].loop is not None and "DSD330" in [f.code for f in findings]
 
 
 def test_inference_with_an_optimizer_is_still_a_leftover(tmp_path):
@@ -218,3 +227,9 @@ def test_two_torchrun_nodes_into_one_report(tmp_path):
         assert (out / node / "output.log").is_file()
     r = run_cli("trace", "--report-only", str(out), "--format", "json")
     assert r.returncode in (0, 1) and sorted(x["rank"] for x in json.loads(r.stdout)["ranks"]) == [0, 1]
+
+
+def test_gather_once_no_faster_is_only_info():
+    found = diagnose([_variant("as-is", 10.0, 500 << 20), _variant("gather-once", 10.5, 600 << 20)])
+    f = next(f for f in found if f.code == "DSD332")
+    assert f.effective_severity == "info"

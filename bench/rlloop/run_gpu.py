@@ -61,14 +61,13 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
 
+    import deepspeed
     import torch
     import torch.distributed as dist
     import transformers.generation.utils  # noqa: F401  (pulls in torch._dynamo before zero.Init patches Tensor.__new__)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    import deepspeed
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from dsdoctor.trace.observer.gather_once import gathered_for_generation
 

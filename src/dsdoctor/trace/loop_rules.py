@@ -15,7 +15,7 @@ def _x(what_en, why_en, ex_en, use_en, what_zh, why_zh, ex_zh, use_zh) -> dict:
 
 _LOOP_EXAMPLE = (
     "```python\nengine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=z3)\n"
-    "for batch in loader:\n    rollouts = engine.module.generate(batch, max_new_tokens=256, synced_gpus=True)\n"
+    "for step, batch in enumerate(rollout_loader):\n    rollouts = engine.module.generate(batch, max_new_tokens=256, synced_gpus=True)\n"
     "    loss = ppo_loss(engine(rollouts), ...)\n    engine.backward(loss)\n    engine.step()\n```")
 
 _WAYS_OUT_EN = (
@@ -25,11 +25,11 @@ _WAYS_OUT_EN = (
     "`unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=True)`): one all-gather of all "
     "parameters, then the per-module hooks are removed for the generate and re-registered after. Memory: the "
     "ZeRO-3 partitions plus the whole weights plus KV cache and activations while generating (`dsdoctor plan "
-    "MODEL --loop`, path `zero3-gather-once`). Speed: about plain speed plus one all-gather per generate. "
+    "--model DIR --loop`, path `zero3-gather-once`). Speed: about plain speed plus one all-gather per generate. "
     "`GatheredParameters` alone is not enough: the hooks still run on every module of every forward. What "
     "still separates it from plain speed, from DeepSpeed's source: `torch.nn.functional.linear` stays replaced "
-    "process-wide by `zero3_linear_wrap` (an autograd Function around matmul) once a model is converted at "
-    "`initialize`; the root module keeps its start-of-forward hook (`reset_step`); and re-registering the "
+    "process-wide by `zero3_linear_wrap` (an autograd Function around matmul) once ZeRO-3's `Init` ran (a "
+    "model built under `zero.Init` or converted at `initialize`, with `memory_efficient_linear` on, the default); the root module keeps its start-of-forward hook (`reset_step`); and re-registering the "
     "hooks invalidates the parameter coordinator's trace, so the next training forward re-records it without "
     "prefetch. dsdoctor's `gather-once` ab variant also restores the plain linear while generating.\n"
     "2. **DeepSpeed's hybrid engine** (`\"hybrid_engine\": {\"enabled\": true, \"pin_parameters\": true}`): "
@@ -51,9 +51,9 @@ _WAYS_OUT_ZH = (
     "`deepspeed.runtime.zero.stage3.unwrap_model_for_generation(engine)`；trl 为 "
     "`unwrap_model_for_generation(model, accelerator, gather_deepspeed3_params=True)`）：一次 all-gather 全部参数，"
     "生成期间移除逐模块钩子，结束后重新注册。内存：ZeRO-3 分区 + 完整权重 + 生成时的 KV cache 和激活（`dsdoctor plan "
-    "MODEL --loop` 的 `zero3-gather-once` 路径）。速度：约等于普通加载速度，加每次 generate 一次 all-gather。只用 "
+    "--model DIR --loop` 的 `zero3-gather-once` 路径）。速度：约等于普通加载速度，加每次 generate 一次 all-gather。只用 "
     "`GatheredParameters` 不够：每次 forward 每个模块的钩子仍在运行。按 DeepSpeed 源码，离普通速度还差的部分："
-    "模型在 `initialize` 时被转换后，`torch.nn.functional.linear` 在整个进程里被替换为 `zero3_linear_wrap`"
+    "ZeRO-3 的 `Init` 运行过之后（在 `zero.Init` 下构建或在 `initialize` 时转换，且 `memory_efficient_linear` 为默认的开启），`torch.nn.functional.linear` 在整个进程里被替换为 `zero3_linear_wrap`"
     "（包着 matmul 的 autograd Function）；根模块仍保留 forward 起始钩子（`reset_step`）；重新注册钩子会使参数协调器的"
     " trace 失效，下一次训练 forward 要在无预取的情况下重新记录。dsdoctor 的 `gather-once` ab 变体在生成期间还会恢复"
     "原始 linear。\n"
@@ -116,8 +116,8 @@ rule(
              "zh": "rank {ranks}：ZeRO-3 训练循环内的 generate 已经在收集好的模型上运行：{loop_s} 秒中占 {generate_s} 秒"
                    "（{share}），{tokens_per_s} tokens/s"},
     fix={"en": "if rollouts still dominate: a separate inference engine (vLLM) for rollouts, or ZeRO-2 for the "
-               "actor when its weights fit (dsdoctor plan MODEL --loop)",
-         "zh": "若 rollout 仍占主导：用独立推理引擎（vLLM）做 rollout，或在权重放得下时 actor 改用 ZeRO-2（dsdoctor plan MODEL --loop）"},
+               "actor when its weights fit (dsdoctor plan --model DIR --loop)",
+         "zh": "若 rollout 仍占主导：用独立推理引擎（vLLM）做 rollout，或在权重放得下时 actor 改用 ZeRO-2（dsdoctor plan --model DIR --loop）"},
     explanation=_x(
         "Sees generation inside a ZeRO-3 training loop where every parameter is already whole when generate "
         "starts (the script gathers, e.g. with `unwrap_model_for_generation`), or dsdoctor's `gather-once` "

@@ -9,8 +9,9 @@ and trl's ``unwrap_model_for_generation(gather_deepspeed3_params=True)`` do, plu
 1. all-gather every parameter once (``GatheredParameters``): full weights on every rank while generating;
 2. remove the per-module forward/backward hooks (``forward_hooks``/``backward_hooks`` of the parameter
    offload object) and clear each parameter's active-submodule set;
-3. (``restore_linear``) while generating, put back ``torch.nn.functional.linear``: for a model converted at
-   ``deepspeed.initialize`` DeepSpeed replaces it process-wide with ``zero3_linear_wrap``, an autograd
+3. (``restore_linear``) while generating, put back ``torch.nn.functional.linear``: once ZeRO-3's ``Init`` ran
+   (a model built under ``zero.Init`` or converted at ``deepspeed.initialize``, ``memory_efficient_linear`` on,
+   the default) DeepSpeed has replaced it process-wide with ``zero3_linear_wrap``, an autograd
    Function around matmul ("This will persist unless manually reset"), which every linear then pays for;
 4. afterwards re-register the hooks (``_register_deepspeed_module`` on the root, which also invalidates the
    parameter coordinator's trace: the next training forward records it again, without prefetch) and
