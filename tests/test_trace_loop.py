@@ -233,3 +233,16 @@ def test_gather_once_no_faster_is_only_info():
     found = diagnose([_variant("as-is", 10.0, 500 << 20), _variant("gather-once", 10.5, 600 << 20)])
     f = next(f for f in found if f.code == "DSD332")
     assert f.effective_severity == "info"
+
+
+def test_torch_backward_and_optimizer_step_are_seen_without_an_engine(tmp_path):
+    out = tmp_path / "t"
+    r = run_cli("trace", "-q", "--format", "json", "-o", str(out), "--", sys.executable,
+                str(SCRIPTS / "torch_loop.py"), timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    (rec,) = read_records(out / "records")
+    kinds = [(e["kind"]) for e in rec.train]
+    assert kinds.count("backward") == 2 and kinds.count("step") == 2
+    assert len([p for p in rec.phases if p.name == "generate"]) == 2
+    # no DeepSpeed engine, no optimizer built by it: not a ZeRO-3 loop, and nothing claims one
+    assert json.loads(r.stdout)["ranks"][0]["loop"] is None

@@ -337,6 +337,7 @@ def _patch_torch(torch):
 
     load._dsdoctor = True
     torch.load = load
+    _safe(loop.patch_torch_training, torch)  # train events of loops that step without the engine
 
 
 # ------------------------------------------------------------------------ transformers

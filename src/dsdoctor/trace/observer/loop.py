@@ -1,7 +1,7 @@
 """Generation inside training: what the observer adds for RLHF/GRPO-style loops (runs inside the user's rank).
 
 * ``engine.backward`` and ``engine.step`` of every DeepSpeed engine write a ``train`` event (kind, time,
-  duration), so the report can tell a loop that trains between its generates from an inference script that
+  duration), and so do ``torch.autograd.backward`` and every torch optimizer's step outside them, so the report can tell a loop that trains between its generates from an inference script that
   merely built an optimizer.
 * per generate, how many forwards ran and how many parameter bytes ZeRO-3 had to gather for each of them
   (the partitioned, non-persistent parameters: ``ds_numel`` x element size), plus the model's KV shape, so the
@@ -14,7 +14,9 @@ Every wrapper calls the original and swallows its own errors, like the rest of t
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import threading
 import time
 import weakref
 
@@ -41,6 +43,13 @@ def engine_of(module):
     return None
 
 
+_inside = threading.local()  # depth of engine.backward/step: torch's own events inside them are not repeated
+
+
+def _depth() -> int:
+    return getattr(_inside, "depth", 0)
+
+
 def _wrap_train_method(cls, name: str) -> None:
     original = cls.__dict__.get(name)
     if original is None or getattr(original, "_dsdoctor", False):
@@ -52,11 +61,13 @@ def _wrap_train_method(cls, name: str) -> None:
         if rec is None or rec.busy:
             return original(self, *args, **kwargs)
         t0 = time.perf_counter()
+        _inside.depth = _depth() + 1
         try:
             return original(self, *args, **kwargs)
         finally:
+            _inside.depth = _depth() - 1
             try:
-                rec.write("train", kind=name, duration_s=time.perf_counter() - t0)
+                rec.write("train", kind=name, duration_s=time.perf_counter() - t0, source="engine")
             except Exception:
                 pass
 
@@ -73,6 +84,43 @@ def patch_engine_class(ds) -> None:
         return
     for name in ("backward", "step"):
         _wrap_train_method(engine_cls, name)
+
+
+def _torch_event(kind: str, t0: float | None = None) -> None:
+    if _depth():
+        return
+    rec = recorder.get() if os.environ.get(recorder.ENV_DIR) else None
+    if rec is None or rec.busy:
+        return
+    try:
+        rec.write("train", kind=kind, source="torch",
+                  duration_s=None if t0 is None else time.perf_counter() - t0)
+    except Exception:
+        pass
+
+
+def patch_torch_training(torch) -> None:
+    """Loops that train without the engine's methods: ``torch.autograd.backward`` (what ``Tensor.backward``
+    calls) and every optimizer's ``step`` (torch's global step post-hook)."""
+    autograd = getattr(torch, "autograd", None)
+    original = getattr(autograd, "backward", None)
+    if original is not None and not getattr(original, "_dsdoctor", False):
+        @functools.wraps(original)
+        def backward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _torch_event("backward", t0)
+
+        backward._dsdoctor = True
+        autograd.backward = backward
+    import importlib
+
+    register = getattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook", None)
+    if register is not None and not getattr(torch, "_dsdoctor_step_hook", False):
+        register(lambda *_args, **_kw: _torch_event("step"))
+        torch._dsdoctor_step_hook = True
 
 
 # ------------------------------------------------------------------ per-generate accounting
