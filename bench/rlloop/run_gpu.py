@@ -17,6 +17,9 @@ real loop. Cases:
                      unwrap_model_for_generation, trl's ds3 gather)
   gather-once+linear gather-once + plain torch.nn.functional.linear restored while generating (what
                      dsdoctor ab's gather-once variant does)
+  gather-once+linear+root  also the root module's start-of-forward hook (reset_step) off: what is left
+                     against plain after this is the gathered weights themselves (views into one flat
+                     buffer) and generate's own work
 
 Prints what it expects, then one JSON line per case (rank 0; also appended to OUT/results.jsonl): tokens/s
 of the rollout (median of the timed generates), the generate's peak allocated/reserved GPU bytes, the time
@@ -34,7 +37,7 @@ import statistics
 import sys
 import time
 
-CASES = ("plain", "zero3", "gathered", "gather-once", "gather-once+linear")
+CASES = ("plain", "zero3", "gathered", "gather-once", "gather-once+linear", "gather-once+linear+root")
 SHAPE_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=32, vocab_size=32000)
 SHAPE_TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
@@ -178,6 +181,8 @@ def main() -> int:
             return gathered_for_generation(engine, restore_linear=False)
         if case == "gather-once+linear":
             return gathered_for_generation(engine, restore_linear=True)
+        if case == "gather-once+linear+root":
+            return gathered_for_generation(engine, restore_linear=True, lift_root_hook=True)
         return contextlib.nullcontext()
 
     def train_step(seq):

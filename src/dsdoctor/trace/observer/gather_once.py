@@ -82,8 +82,25 @@ def _plain_linear():
 
 
 @contextlib.contextmanager
-def gathered_for_generation(engine, restore_linear: bool = True):
-    """Run the body with the whole model gathered and ZeRO-3's module hooks off (see the module doc)."""
+def _without_root_hook(offload):
+    """Take the root module's start-of-forward hook (``reset_step``) off, and put the same function back."""
+    handle = getattr(offload, "fwd_pre_hook", None)
+    hooks = getattr(offload.module, "_forward_pre_hooks", {})
+    fn = hooks.get(getattr(handle, "id", None)) if handle is not None else None
+    if fn is None:
+        yield False
+        return
+    handle.remove()
+    try:
+        yield True
+    finally:
+        offload.fwd_pre_hook = offload.module.register_forward_pre_hook(fn)
+
+
+@contextlib.contextmanager
+def gathered_for_generation(engine, restore_linear: bool = True, lift_root_hook: bool = False):
+    """Run the body with the whole model gathered and ZeRO-3's module hooks off (see the module doc).
+    ``lift_root_hook`` also takes the root's ``reset_step`` hook off (bench/rlloop measures what it costs)."""
     from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
     offload = parameter_offload(engine)
@@ -98,10 +115,11 @@ def gathered_for_generation(engine, restore_linear: bool = True):
             if active is not None:
                 active.clear()
         try:
-            if restore_linear:
-                with _plain_linear():
-                    yield
-            else:
+            with contextlib.ExitStack() as stack:
+                if restore_linear:
+                    stack.enter_context(_plain_linear())
+                if lift_root_hook:
+                    stack.enter_context(_without_root_hook(offload))
                 yield
         finally:
             offload._register_deepspeed_module(offload.module)
