@@ -225,6 +225,7 @@ def test_two_torchrun_nodes_into_one_report(tmp_path):
     for node in ("node-0", "node-1"):  # each node kept its own part
         assert len(list((out / node / "records").glob("rank-*.jsonl"))) == 1
         assert (out / node / "output.log").is_file()
+    assert json.loads((out / "node-1" / "report.json").read_text())["ranks"] == other["ranks"]
     r = run_cli("trace", "--report-only", str(out), "--format", "json")
     assert r.returncode in (0, 1) and sorted(x["rank"] for x in json.loads(r.stdout)["ranks"]) == [0, 1]
 

@@ -7,9 +7,10 @@ filesystem every node can write. Nothing one node writes can clobber another's:
     DIR/node-K/output.log    node K's launcher output
     DIR/node-K/done.json     written last, atomically: node K's launcher ended (exit code, wall time)
     DIR/report.json, .md     the whole run, written by node 0 only
+    DIR/node-K/report.json   node K's own ranks (K > 0)
 
 Node 0 waits (up to ``wait_s``) for every node's ``done.json``, then reads every node's records into one
-report. Another node reports only its own ranks. ``report_only(DIR)`` rebuilds the whole report from what
+report. Another node reports only its own ranks, in its own directory. ``report_only(DIR)`` rebuilds the whole report from what
 is there (``dsdoctor trace --report-only DIR``), e.g. when node 0 stopped waiting before a slow node ended.
 """
 from __future__ import annotations
@@ -93,16 +94,15 @@ def trace_node(command: list[str], out: str, nnodes: int, node: int, timeout: fl
     atomic_write_text(mine / "done.json", json.dumps({
         "node_rank": node, "nnodes": nnodes, "host": socket.gethostname(), "returncode": outcome.returncode,
         "timed_out": outcome.timed_out, "wall_s": outcome.wall_s, "command": command}), force=True)
-    if node != 0:
-        return _result(root, [mine], lang, write=False, label=f"node-{node}", tail=outcome.output_tail,
-                       timeout=timeout, command=command)
+    if node != 0:  # its own ranks, in its own directory
+        return _result(mine, [mine], lang, tail=outcome.output_tail, timeout=timeout, command=command)
     limit = wait_s if wait_s is not None else (timeout or DEFAULT_WAIT_S)
     waited = _wait_for_nodes(root, nnodes, limit)
     if waited:
         print(f"dsdoctor trace: node(s) {', '.join(map(str, waited))} did not finish within {limit:g}s; reporting "
               f"what is there (later: dsdoctor trace --report-only {out})", file=sys.stderr, flush=True)
-    return _result(root, [_node_dir(root, k) for k in range(nnodes)], lang, write=True, label=None,
-                   tail=outcome.output_tail, timeout=timeout, command=command)
+    return _result(root, [_node_dir(root, k) for k in range(nnodes)], lang, tail=outcome.output_tail,
+                   timeout=timeout, command=command)
 
 
 def _wait_for_nodes(root: Path, nnodes: int, limit: float) -> list[int]:
@@ -134,8 +134,9 @@ def _records(dirs: list[Path]) -> list[RankRecord]:
     return sorted(out, key=lambda r: (r.rank, r.t0 or 0))
 
 
-def _result(root: Path, dirs: list[Path], lang: str, write: bool, label: str | None, tail: str,
-            timeout: float | None, command: list[str] | None) -> TraceResult:
+def _result(dest: Path, dirs: list[Path], lang: str, tail: str, timeout: float | None,
+            command: list[str] | None) -> TraceResult:
+    """The report over the ranks in ``dirs``, written into ``dest`` (report.json, report.md, timelines)."""
     dones = [(d, _read_done(d)) for d in dirs]
     timed_out = any(x and x.get("timed_out") for _, x in dones)
     missing = [d.name for d, x in dones if x is None]
@@ -150,24 +151,23 @@ def _result(root: Path, dirs: list[Path], lang: str, write: bool, label: str | N
     status = run_status(ranks, returncode, timed_out, tail)
     if missing and status == "ok":
         status = "error"
-    final = str(root) if write else str(root / label)
-    log = f"{final}/output.log" if not write else f"{root}/node-0/output.log"
+    final = str(dest)
+    log = str(dirs[0] / "output.log")
     findings = trace_findings(ranks, records, status, returncode, timeout, log, tail)
     wall = max((x.get("wall_s") or 0 for _, x in dones if x), default=0.0)
     result = TraceResult(command=list(command), status=status, returncode=returncode, wall_s=wall, timeout=timeout,
                          ranks=ranks, findings=findings, variant=None, out_dir=final, log=log, output_tail=tail)
     result.nodes = {d.name: (x or {"missing": True}) for d, x in dones}
-    if write:
-        from dsdoctor.trace.plot import write_timelines
+    from dsdoctor.trace.plot import write_timelines
 
-        try:
-            write_timelines(result, root)
-        except Exception as exc:  # a picture must not cost the report
-            print(f"dsdoctor: timeline picture skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        data = result.to_dict(lang)
-        data["nodes"] = result.nodes
-        atomic_write_text(root / "report.json", to_json(data), force=True)
-        atomic_write_text(root / "report.md", result.to_markdown(lang), force=True)
+    try:
+        write_timelines(result, dest)
+    except Exception as exc:  # a picture must not cost the report
+        print(f"dsdoctor: timeline picture skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    data = result.to_dict(lang)
+    data["nodes"] = result.nodes
+    atomic_write_text(dest / "report.json", to_json(data), force=True)
+    atomic_write_text(dest / "report.md", result.to_markdown(lang), force=True)
     return result
 
 
@@ -184,7 +184,7 @@ def report_only(out: str, lang: str = "en", timeout: float | None = None) -> Tra
     log = dirs[0] / "output.log"
     if log.is_file():
         tail = log.read_text(encoding="utf-8", errors="replace")[-20000:]
-    return _result(root, dirs, lang, write=True, label=None, tail=tail, timeout=timeout, command=None)
+    return _result(root, dirs, lang, tail=tail, timeout=timeout, command=None)
 
 
 def _node_number(name: str) -> int:
