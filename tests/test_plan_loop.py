@@ -55,3 +55,13 @@ def test_cli_loop_flag_and_json():
     once = next(p for p in data["paths"] if p["name"] == "zero3-gather-once")
     assert once["fits"] and "gathered_whole_model" in once["breakdown"]
     assert "unwrap_model_for_generation" in json.dumps(data) or data["recommendation"]["path"] == "zero2"
+
+
+def test_gather_once_is_recommended_where_zero2_does_not_fit():
+    """ZeRO-2 trains with the whole weights beside the activations; ZeRO-3 with its shards."""
+    r = _plan(LLAMA_7B, 2, gpu_memory="67GiB")
+    z2, once = r.path("zero2"), r.path("zero3-gather-once")
+    assert z2.peak_at == "train-step" and "training_activations" in z2.breakdown
+    assert once.fits and not z2.fits
+    assert r.recommended.path == "zero3-gather-once"
+    assert "unwrap_model_for_generation" in r.recommended.code

@@ -140,8 +140,9 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     if chosen is not None:
         code = plan_loop.code_for(chosen.name, str(model), hw.gpus, wl.dtype) if loop else \
             rec.code_for(chosen.name, str(model), hw.gpus, wl.dtype, knobs)
+        rivals = [p for p in plans if p.name in plan_loop.TRAINING_PATHS] if loop else plans
         recommendation = Recommendation(
-            chosen.name, {lang: rec.why(chosen, plans, lang) for lang in ("en", "zh")},
+            chosen.name, {lang: rec.why(chosen, rivals, lang) for lang in ("en", "zh")},
             rec.ds_config_for(chosen.name, knobs), code)
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)

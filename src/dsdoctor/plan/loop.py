@@ -11,7 +11,10 @@ Two paths are added to the inference ones:
   the 16-bit gradient partition, fp32 master and Adam partitions + plain's generate transient. Speed: plain.
 
 Every ZeRO-3 path also carries the training state in loop mode (fp32 master and gradient partitions, the
-reduce bucket; Adam moments come at the first step and are added here, because a loop steps). Torch-free.
+reduce bucket; Adam moments come at the first step and are added here, because a loop steps). A loop path's
+peak is the larger of its generate and its training step on one micro-batch of the rollouts
+(``train_step_bytes``: activations without recomputation, logits): ZeRO-2 trains with the whole weights,
+ZeRO-3 with its shards and the layers it gathers, so ZeRO-2 is not always the smaller. Torch-free.
 """
 from __future__ import annotations
 
@@ -26,6 +29,28 @@ LOOP_PATHS = ("zero2", "zero3-gather-once")
 TRAINING_PATHS = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
 PREFERENCE = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
 ADAM_MOMENTS_BYTES = 8  # two fp32 moments per parameter, partitioned, from the first step on
+
+
+ACTIVATION_BYTES_PER_ELEMENT = 34  # per token, hidden element and layer at 16 bits, no recomputation
+
+
+def train_step_bytes(shape, wl) -> dict:
+    """What the training step adds on a rank: the activations kept for backward of one micro-batch of the
+    rollouts (batch x (prompt + new tokens)), 34 bytes per token, hidden element and layer at 16 bits
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", without the
+    attention-score term that SDPA/flash attention does not keep), and the logits with their fp32 copy for
+    the loss. No activation checkpointing."""
+    tokens = wl.batch * (wl.prompt_len + wl.new_tokens)
+    act = shape.layers * tokens * shape.hidden * ACTIVATION_BYTES_PER_ELEMENT * wl.dtype_bytes // 2
+    return {"training_activations": int(act), "training_logits": int(tokens * shape.vocab * (wl.dtype_bytes + 4))}
+
+
+def _two_phases(generate: dict, train: dict, generate_at: str) -> tuple[int, dict, str]:
+    """The peak of a loop is the larger of its generate and its training step."""
+    g, t = sum(generate.values()), sum(train.values())
+    if t > g:
+        return int(t), train, "train-step"
+    return int(g), generate, generate_at
 
 
 def _generate_transient(plain: PathMemory) -> dict:
@@ -47,8 +72,9 @@ def training_state(numel: int, world: int, b: int, knobs) -> tuple[dict, dict]:
     return gpu, host
 
 
-def with_training_state(mem: PathMemory, numel: int, b: int, knobs) -> PathMemory:
-    """A ZeRO-3 inference path of ``estimate_path`` with the loop's training state in place of a config's."""
+def with_training_state(mem: PathMemory, numel: int, b: int, knobs, train: dict | None = None) -> PathMemory:
+    """A ZeRO-3 inference path of ``estimate_path`` with the loop's training state in place of a config's,
+    and its training step (``train``: ``train_step_bytes``) as a second phase that may set the peak."""
     gpu_extra, host_extra = training_state(numel, mem.ranks, b, knobs)
     breakdown = {k: v for k, v in mem.gpu_breakdown.items() if k not in ("reduce_bucket", "optimizer_state")}
     host = {k: v for k, v in mem.host_breakdown.items() if k != "optimizer_state"}
@@ -58,15 +84,24 @@ def with_training_state(mem: PathMemory, numel: int, b: int, knobs) -> PathMemor
                                                                                            "optimizer_state"))
     breakdown.update(gpu_extra)
     host.update(host_extra)
-    peak = int(base + sum(gpu_extra.values()))
+    peak, peak_at = int(base + sum(gpu_extra.values())), mem.peak_at
+    if train:  # the step: resident shards, the layers gathered for forward/backward, state, activations
+        keep = ("weights_resident", "persistent_params", "gathered_params", "cublas_workspace")
+        step = {k: v for k, v in mem.gpu_breakdown.items() if k in keep}
+        step.update(gpu_extra)
+        step.update(train)
+        if peak_at == "load":
+            breakdown = {k: v for k, v in breakdown.items() if k not in ("load_transient",)}
+        peak, breakdown, peak_at = _two_phases(breakdown if peak_at != "load" else {"_": peak}, step, peak_at)
+        breakdown = {k: v for k, v in breakdown.items() if k != "_"} or mem.gpu_breakdown
     return dataclasses.replace(mem, gpu_peak_bytes=peak, gpu_reserved_bytes=peak + (mem.gpu_reserved_bytes -
-                               mem.gpu_peak_bytes), gpu_breakdown=breakdown, host_breakdown=host,
-                               host_peak_bytes=int(sum(host.values())),
+                               mem.gpu_peak_bytes), gpu_breakdown={k: int(v) for k, v in breakdown.items() if v},
+                               host_breakdown=host, host_peak_bytes=int(sum(host.values())), peak_at=peak_at,
                                notes=list(mem.notes) + ["loop: training state counted (Adam moments included)"])
 
 
 def loop_path(name: str, zero3: PathMemory, plain: PathMemory, numel: int, weights: int, b: int, gpus: int,
-              knobs) -> PathMemory:
+              knobs, train: dict | None = None) -> PathMemory:
     transient = _generate_transient(plain)
     gpu_extra, host_extra = training_state(numel, gpus, b, knobs)
     if name == "zero3-gather-once":
@@ -79,15 +114,22 @@ def loop_path(name: str, zero3: PathMemory, plain: PathMemory, numel: int, weigh
     else:  # zero2
         breakdown = {"weights_resident": weights}  # the gradient partition is in optimizer_state
         notes = ["ZeRO-2: whole weights resident, gradients and optimizer state partitioned"]
+    if name == "zero3-gather-once":  # training runs on the shards, with ZeRO-3's gathered layers
+        step = {"weights_resident": shards, "persistent_params": persistent,
+                "gathered_params": zero3.gpu_breakdown.get("gathered_params", 0)}
+    else:
+        step = {"weights_resident": weights}
     breakdown.update(transient)
     breakdown.update(gpu_extra)
-    peak = int(sum(breakdown.values()))
+    step.update(gpu_extra)
+    step.update(train or {})
+    peak, breakdown, peak_at = _two_phases(breakdown, step if train else {}, "decode")
     reserved = peak + max(plain.gpu_reserved_bytes - plain.gpu_peak_bytes, 0)
     host = dict(zero3.host_breakdown) if name == "zero3-gather-once" else dict(plain.host_breakdown)
     host = {k: v for k, v in host.items() if k != "optimizer_state"}
     host.update(host_extra)
     outside = CUDA_CONTEXT + (NCCL_BUFFERS if gpus > 1 else 0)
-    return PathMemory(name, gpus, gpus, peak, int(reserved), outside, int(sum(host.values())), "decode",
+    return PathMemory(name, gpus, gpus, peak, int(reserved), outside, int(sum(host.values())), peak_at,
                       {k: int(v) for k, v in breakdown.items() if v}, host, weights, 0, notes)
 
 
@@ -139,14 +181,15 @@ def estimate(name: str, shape, wl, hw, knobs) -> PathMemory | None:
 
     numel = shape.inventory.num_params
     b = wl.dtype_bytes
+    train = train_step_bytes(shape, wl)
     if name in LOOP_PATHS:
         plain = estimate_path("plain", shape, wl, hw, None)
         zero3 = estimate_path("zero3", shape, wl, hw, dataclasses.replace(knobs, has_optimizer=False)
                               if knobs is not None else None)
-        return loop_path(name, zero3, plain, numel, numel * b, b, hw.gpus, knobs)
+        return loop_path(name, zero3, plain, numel, numel * b, b, hw.gpus, knobs, train)
     mem = estimate_path(name, shape, wl, hw, knobs)
     if mem is not None and name.startswith("zero3"):
-        mem = with_training_state(mem, numel, b, knobs)
+        mem = with_training_state(mem, numel, b, knobs, train)
     return mem
 
 

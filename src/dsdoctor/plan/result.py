@@ -26,6 +26,8 @@ LABELS = {
     "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
     "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
     "gathered_whole_model": ("whole model gathered for generate (loop)", "为 generate 收集的完整模型（循环）"),
+    "training_activations": ("training step activations (loop)", "训练步激活（循环）"),
+    "training_logits": ("training step logits + fp32 copy (loop)", "训练步 logits 及 fp32 拷贝（循环）"),
 }
 
 
@@ -135,7 +137,7 @@ class PlanResult:
         lines = []
         for p in self.paths:
             parts = ", ".join(f"{label(k, lang)} {human_bytes(v)}" for k, v in p.breakdown.items())
-            at = {"load": "加载", "prefill": "prefill", "decode": "decode"}[p.peak_at] if lang == "zh" else p.peak_at
+            at = {"load": "加载", "prefill": "prefill", "decode": "decode", "train-step": "训练步"}[p.peak_at] if lang == "zh" else p.peak_at
             lines.append(f"  {p.name} ({'峰值在' if lang == 'zh' else 'peak at'} {at}): {parts}")
         return lines
 
