@@ -161,7 +161,7 @@ class TraceResult:
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
         if any(r.loop for r in self.ranks):
-            out[-2:-2] = ["\n## generate inside training\n\n",
+            out[-2:-2] = ["\n## " + ("训练循环内的 generate" if lang == "zh" else "generate inside training") + "\n\n",
                           markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         for r in self.ranks:
             if r.timeline_png:
