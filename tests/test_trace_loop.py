@@ -189,6 +189,22 @@ def test_ppo_loop_traced_and_abd_with_gather_once(tmp_path):
     assert sorted(a) == [0, 1] and a == b
 
 
+@pytest.mark.deepspeed
+def test_a_loop_that_already_gathers_is_told_so(tmp_path):
+    """DeepSpeed's own unwrap_model_for_generation around generate: every parameter whole at generate."""
+    out = tmp_path / "t"
+    cmd = [DEEPSPEED, "--master_port", str(free_port()), "--num_gpus", "2", str(PPO), "--config", str(PPO_CONFIG),
+           "--iters", "2", "--unwrap"]
+    r = run_cli("trace", "-q", "--format", "json", "--timeout", "400", "-o", str(out), "--", *cmd,
+                env=deepspeed_env(), timeout=600)
+    data = json.loads(r.stdout)
+    assert data["status"] == "ok", r.stderr[-3000:]
+    codes = [f["code"] for f in data["findings"]]
+    assert "DSD331" in codes and "DSD330" not in codes and "DSD101" not in codes
+    for rank in data["ranks"]:
+        assert all(g["already_gathered"] and g["gathered_bytes"] == 0 for g in rank["loop"]["per_generate"])
+
+
 def _agent(out: Path, node: int, port: int):
     cmd = [sys.executable, "-m", "dsdoctor", "trace", "-q", "--format", "json", "--timeout", "300", "-o",
            str(out), "--", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",

@@ -1,18 +1,21 @@
 """A small PPO-style loop: the policy trains under ZeRO-3 and generates its own rollouts. Traced unchanged.
 
-    deepspeed --num_gpus 2 ppo_loop.py --config ppo_zero3.json [--iters 3]
+    deepspeed --num_gpus 2 ppo_loop.py --config ppo_zero3.json [--iters 3] [--unwrap]
 
 Each iteration: generate (greedy, synced_gpus) -> a REINFORCE-style loss on the generated tokens' log-probs
 with a made-up reward -> engine.backward -> engine.step. At the end every rank prints one JSON line with
 every iteration's generated tokens (the weights change every step, so equal tokens across two runs mean
-equal generation all along).
+equal generation all along). --unwrap generates inside DeepSpeed's own unwrap_model_for_generation (the
+model gathered once, the module hooks off), as a script that already took the first way out does.
 """
 import argparse
+import contextlib
 import json
 
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
 from transformers import AutoConfig, AutoModelForCausalLM
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
@@ -26,6 +29,7 @@ def main():
     p.add_argument("--local_rank", type=int, default=0)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=8)
+    p.add_argument("--unwrap", action="store_true")
     a = p.parse_args()
 
     torch.manual_seed(0)
@@ -39,7 +43,8 @@ def main():
     generated = []
     for it in range(a.iters):
         policy.eval()
-        with torch.no_grad():
+        gathered = unwrap_model_for_generation(engine) if a.unwrap else contextlib.nullcontext()
+        with torch.no_grad(), gathered:
             seq = policy.generate(prompts, max_new_tokens=a.new_tokens, do_sample=False, eos_token_id=None,
                                   synced_gpus=True)
         generated.append(seq[:, prompts.shape[1]:].tolist())
