@@ -21,7 +21,7 @@ from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import summarize_rank, trace_findings
 from tests.helpers import deepspeed_env, free_port, run_cli
 
-SCRIPTS = Path(__file__).parent / "trace_scripts"
+SCRIPTS = Path(__file__).parent / "scripts"
 PPO = SCRIPTS / "ppo_loop.py"
 PPO_CONFIG = SCRIPTS / "ppo_zero3.json"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
@@ -230,7 +230,7 @@ def test_two_torchrun_nodes_into_one_report(tmp_path):
         for a in agents:
             if a.poll() is None:
                 a.kill()
-    for rc, stdout, stderr in results:
+    for rc, _stdout, stderr in results:
         assert rc in (0, 1), stderr[-3000:]
     head, other = json.loads(results[0][1]), json.loads(results[1][1])
     assert head["status"] == "ok" and sorted(r["rank"] for r in head["ranks"]) == [0, 1]

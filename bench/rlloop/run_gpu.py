@@ -86,7 +86,7 @@ def main() -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     shape = SHAPE_TINY if args.tiny else SHAPE_7B
     config = AutoConfig.for_model("llama", max_position_embeddings=4096, tie_word_embeddings=False,
-                                  bos_token_id=1, eos_token_id=2, **shape)  # no pad id: no padding_idx row to zero under zero.Init
+                                  bos_token_id=1, eos_token_id=2, **shape)  # no pad id: no padding row under zero.Init
     os.makedirs(args.out, exist_ok=True)
     n_params = None
     if rank == 0:
@@ -139,10 +139,13 @@ def main() -> int:
         n_params = sum(p.numel() for p in model.parameters())
         times, peak = [], (None, None)
         for i in range(1 + args.timed):
-            sync(); reset_peak(); t0 = time.perf_counter()
+            sync()
+            reset_peak()
+            t0 = time.perf_counter()
             with torch.no_grad():
                 out = model.generate(prompts, **gen_kwargs)
-            sync(); dt = time.perf_counter() - t0
+            sync()
+            dt = time.perf_counter() - t0
             if i:
                 times.append(dt)
                 peak = max(peak, peaks(), key=lambda p: p[0] or 0)
@@ -207,13 +210,17 @@ def main() -> int:
         times, gather_times, step_times, peak = [], [], [], (None, None)
         for i in range(1 + args.timed):
             policy.eval()
-            sync(); reset_peak(); t0 = time.perf_counter()
+            sync()
+            reset_peak()
+            t0 = time.perf_counter()
             ctx = contexts(case)
             with ctx:
-                sync(); t_in = time.perf_counter()
+                sync()
+                t_in = time.perf_counter()
                 with torch.no_grad():
                     out = policy.generate(prompts, synced_gpus=synced, **gen_kwargs)
-            sync(); t1 = time.perf_counter()
+            sync()
+            t1 = time.perf_counter()
             p = peaks()
             t2 = time.perf_counter()
             train_step(out)

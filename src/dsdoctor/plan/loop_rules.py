@@ -1,15 +1,11 @@
 """Plan findings for generation inside training (DSD207-DSD209), ``dsdoctor plan --loop``. Torch-free."""
 from __future__ import annotations
 
-from dsdoctor.findings import rule
+from dsdoctor.findings import explanation, rule
 
 
 def _x(what_en, why_en, ex_en, use_en, what_zh, why_zh, ex_zh, use_zh) -> dict:
-    return {
-        "en": f"## What it does\n{what_en}\n\n## Why is this bad?\n{why_en}\n\n## Example\n{ex_en}\n\n"
-              f"## Use instead\n{use_en}\n",
-        "zh": f"## 作用\n{what_zh}\n\n## 为什么有问题\n{why_zh}\n\n## 示例\n{ex_zh}\n\n## 改用\n{use_zh}\n",
-    }
+    return explanation(en=(what_en, why_en, ex_en, use_en), zh=(what_zh, why_zh, ex_zh, use_zh))
 
 
 _CODE = ("```python\nfrom deepspeed.runtime.zero.stage3 import unwrap_model_for_generation\n"
@@ -78,7 +74,8 @@ rule(
         "`dsdoctor plan --model llama-7b --gpus 8 --loop`",
         "```json\n{\"zero_optimization\": {\"stage\": 2}}\n```",
         "在 `--loop` 下，`zero2` 路径（每卡完整权重，梯度和优化器状态分片）放得下。",
-        "ZeRO-3 只有在权重整体放不下时才划算；放得下时 ZeRO-2 以普通速度生成（DeepSpeed-Chat 用户报告 8 卡 7B 在 ZeRO-2 下每次生成 "
+        "ZeRO-3 只有在权重整体放不下时才划算；放得下时 ZeRO-2 以普通速度生成（DeepSpeed-Chat 用户报告 8 卡 7B 在 "
+        "ZeRO-2 下每次生成 "
         "0.8 秒，ZeRO-3 下 72 秒）。",
         "`dsdoctor plan --model llama-7b --gpus 8 --loop`",
         "```json\n{\"zero_optimization\": {\"stage\": 2}}\n```",

@@ -9,7 +9,7 @@ Torch-free.
 """
 from __future__ import annotations
 
-from dsdoctor.findings import Finding
+from dsdoctor.findings import Finding, Phrase
 from dsdoctor.trace.records import RankRecord
 from dsdoctor.units import human_bytes
 
@@ -115,11 +115,6 @@ def loop_findings(summaries: list) -> list[Finding]:
     return [Finding("DSD330", values)]
 
 
-def quiet_in_loop(code: str) -> bool:
-    """Inference-only findings that a training loop must not get: its optimizer is needed (DSD101)."""
-    return code in ("DSD101",)
-
-
 # ------------------------------------------------------------------ rendering
 
 HEAD = {"en": ["rank", "generate", "time", "tokens/s", "forwards", "gathered", "iteration", "share"],
@@ -156,11 +151,10 @@ def gather_once_diagnosis(variants, gpu: bool) -> list[Finding]:
             return v.generate_peak_gpu_bytes or v.peak_gpu_bytes
         return v.generate_peak_host_bytes or v.peak_host_bytes
 
-    kind = "GPU" if gpu else "host"
     # a warning only when gathering once is clearly faster (differences under 10% are noise, as in ab)
     severity = None if once.tokens_per_s > base.tokens_per_s * 1.1 else "info"
     return [Finding("DSD332", severity=severity, values={
         "after": f"{once.tokens_per_s:.1f}", "before": f"{base.tokens_per_s:.1f}",
-        "speedup": f"{once.tokens_per_s / base.tokens_per_s:.2f}", "kind": kind,
-        "kind_zh": "GPU " if gpu else "主机", "peak_after": human_bytes(peak(once)),
+        "speedup": f"{once.tokens_per_s / base.tokens_per_s:.2f}", "kind": Phrase("gpu" if gpu else "host"),
+        "peak_after": human_bytes(peak(once)),
         "peak_before": human_bytes(peak(base))})]

@@ -2,20 +2,20 @@
 ``dsdoctor.trace.rules``."""
 from __future__ import annotations
 
-from dsdoctor.findings import rule
+from dsdoctor.findings import explanation, rule
+
+# which memory a peak is about, as in trace/rules.py: Phrase("gpu") / Phrase("host")
+KIND = {"gpu": {"en": "GPU", "zh": "GPU "}, "host": {"en": "host", "zh": "主机"}}
 
 
 def _x(what_en, why_en, ex_en, use_en, what_zh, why_zh, ex_zh, use_zh) -> dict:
-    return {
-        "en": f"## What it does\n{what_en}\n\n## Why is this bad?\n{why_en}\n\n## Example\n{ex_en}\n\n"
-              f"## Use instead\n{use_en}\n",
-        "zh": f"## 作用\n{what_zh}\n\n## 为什么有问题\n{why_zh}\n\n## 示例\n{ex_zh}\n\n## 改用\n{use_zh}\n",
-    }
+    return explanation(en=(what_en, why_en, ex_en, use_en), zh=(what_zh, why_zh, ex_zh, use_zh))
 
 
 _LOOP_EXAMPLE = (
     "```python\nengine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=z3)\n"
-    "for step, batch in enumerate(rollout_loader):\n    rollouts = engine.module.generate(batch, max_new_tokens=256, synced_gpus=True)\n"
+    "for step, batch in enumerate(rollout_loader):\n"
+    "    rollouts = engine.module.generate(batch, max_new_tokens=256, synced_gpus=True)\n"
     "    loss = ppo_loss(engine(rollouts), ...)\n    engine.backward(loss)\n    engine.step()\n```")
 
 _WAYS_OUT_EN = (
@@ -29,7 +29,8 @@ _WAYS_OUT_EN = (
     "`GatheredParameters` alone is not enough: the hooks still run on every module of every forward. What "
     "still separates it from plain speed, from DeepSpeed's source: `torch.nn.functional.linear` stays replaced "
     "process-wide by `zero3_linear_wrap` (an autograd Function around matmul) once ZeRO-3's `Init` ran (a "
-    "model built under `zero.Init` or converted at `initialize`, with `memory_efficient_linear` on, the default); the root module keeps its start-of-forward hook (`reset_step`); and re-registering the "
+    "model built under `zero.Init` or converted at `initialize`, with `memory_efficient_linear` on, the "
+    "default); the root module keeps its start-of-forward hook (`reset_step`); and re-registering the "
     "hooks invalidates the parameter coordinator's trace, so the next training forward re-records it without "
     "prefetch. dsdoctor's `gather-once` ab variant also restores the plain linear while generating.\n"
     "2. **DeepSpeed's hybrid engine** (`\"hybrid_engine\": {\"enabled\": true, \"pin_parameters\": true}`): "
@@ -53,7 +54,8 @@ _WAYS_OUT_ZH = (
     "生成期间移除逐模块钩子，结束后重新注册。内存：ZeRO-3 分区 + 完整权重 + 生成时的 KV cache 和激活（`dsdoctor plan "
     "--model DIR --loop` 的 `zero3-gather-once` 路径）。速度：约等于普通加载速度，加每次 generate 一次 all-gather。只用 "
     "`GatheredParameters` 不够：每次 forward 每个模块的钩子仍在运行。按 DeepSpeed 源码，离普通速度还差的部分："
-    "ZeRO-3 的 `Init` 运行过之后（在 `zero.Init` 下构建或在 `initialize` 时转换，且 `memory_efficient_linear` 为默认的开启），`torch.nn.functional.linear` 在整个进程里被替换为 `zero3_linear_wrap`"
+    "ZeRO-3 的 `Init` 运行过之后（在 `zero.Init` 下构建或在 `initialize` 时转换，且 `memory_efficient_linear` "
+    "为默认的开启），`torch.nn.functional.linear` 在整个进程里被替换为 `zero3_linear_wrap`"
     "（包着 matmul 的 autograd Function）；根模块仍保留 forward 起始钩子（`reset_step`）；重新注册钩子会使参数协调器的"
     " trace 失效，下一次训练 forward 要在无预取的情况下重新记录。dsdoctor 的 `gather-once` ab 变体在生成期间还会恢复"
     "原始 linear。\n"
@@ -97,7 +99,8 @@ rule(
         "with unwrap_model_for_generation(engine):  # one all-gather, no per-module hooks\n"
         "    rollouts = engine.module.generate(batch, max_new_tokens=256)\n```",
         "发现某个 rank 的 DeepSpeed 引擎带优化器、执行了 `backward`/`step`，并用 ZeRO-3 分片模型做 generate（RLHF/PPO/GRPO "
-        "rollout，或用 `generate` 做评估）。报告每次 generate 的耗时、tokens/s、ZeRO-3 为它收集的参数字节（分片且非常驻的参数字节 x "
+        "rollout，或用 `generate` 做评估）。报告每次 generate 的耗时、tokens/s、ZeRO-3 为它收集的参数字节"
+        "（分片且非常驻的参数字节 x "
         "forward 次数）及其在迭代中的占比。这里确实需要优化器，所以推理场景的 DSD101 不会报。",
         "ZeRO-3 在每层 forward 前收集该层、之后释放。`generate` 每生成一个 token 做一次 forward，于是每个 token 都要重新收集整个"
         "模型：rollout 只有普通速度的几分之一（DeepSpeed-Chat 用户报告 8 卡 7B actor 在 ZeRO-3 下每次生成 72 秒，ZeRO-2 下 "
@@ -117,7 +120,8 @@ rule(
                    "（{share}），{tokens_per_s} tokens/s"},
     fix={"en": "if rollouts still dominate: a separate inference engine (vLLM) for rollouts, or ZeRO-2 for the "
                "actor when its weights fit (dsdoctor plan --model DIR --loop)",
-         "zh": "若 rollout 仍占主导：用独立推理引擎（vLLM）做 rollout，或在权重放得下时 actor 改用 ZeRO-2（dsdoctor plan --model DIR --loop）"},
+         "zh": "若 rollout 仍占主导：用独立推理引擎（vLLM）做 rollout，或在权重放得下时 actor 改用 ZeRO-2"
+               "（dsdoctor plan --model DIR --loop）"},
     explanation=_x(
         "Sees generation inside a ZeRO-3 training loop where every parameter is already whole when generate "
         "starts (the script gathers, e.g. with `unwrap_model_for_generation`), or dsdoctor's `gather-once` "
@@ -140,7 +144,8 @@ rule(
     message={"en": "gathering the model once per generate ran rollouts at {after} tokens/s against {before} "
                    "as-is ({speedup}x); generate peak {kind} memory {peak_after} against {peak_before}",
              "zh": "每次 generate 只收集一次模型后 rollout 为 {after} tokens/s，原样为 {before}（{speedup} 倍）；"
-                   "generate 阶段{kind_zh}内存峰值 {peak_after}，原样 {peak_before}"},
+                   "generate 阶段{kind}内存峰值 {peak_after}，原样 {peak_before}"},
+    phrases=KIND,
     fix={"en": "wrap the rollout: with deepspeed.runtime.zero.stage3.unwrap_model_for_generation(engine): "
                "out = engine.module.generate(...)",
          "zh": "包住 rollout：with deepspeed.runtime.zero.stage3.unwrap_model_for_generation(engine): "

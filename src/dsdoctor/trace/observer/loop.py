@@ -1,7 +1,8 @@
 """Generation inside training: what the observer adds for RLHF/GRPO-style loops (runs inside the user's rank).
 
 * ``engine.backward`` and ``engine.step`` of every DeepSpeed engine write a ``train`` event (kind, time,
-  duration), and so do ``torch.autograd.backward`` and every torch optimizer's step outside them, so the report can tell a loop that trains between its generates from an inference script that
+  duration), and so do ``torch.autograd.backward`` and every torch optimizer's step outside them, so the
+  report can tell a loop that trains between its generates from an inference script that
   merely built an optimizer.
 * per generate, how many forwards ran and how many parameter bytes ZeRO-3 had to gather for each of them
   (the partitioned, non-persistent parameters: ``ds_numel`` x element size), plus the model's KV shape, so the
