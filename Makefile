@@ -35,8 +35,8 @@ clean:
 # ---- GPU benchmarks (numbers in BENCHMARKS.md; each bench/<name>/README.md says what it measures) ----------
 # Here (a machine with pip access):   make gpu-wheels       DeepSpeed 0.19.8 + its pure-Python needs as wheels in .whl/
 # On the GPU machine, .whl/ carried over, one line per bench (OUT: where the raw outputs go):
-#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare, gpu-bench-config,
-#                                      gpu-bench-rlloop [GPUS=1|2])
+#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-loading, gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare,
+#                                      gpu-bench-config, gpu-bench-rlloop [GPUS=1|2])
 # The GPU machine's image has torch, transformers, accelerate and safetensors; the wheels go to $(GPU_SITE).
 WHL ?= .whl
 GPU_SITE ?= /tmp/site
@@ -46,8 +46,8 @@ WHEEL_PY ?= 3.12
 
 GPUS ?= 1
 
-.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare gpu-bench-config \
-	gpu-bench-rlloop
+.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-loading gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare \
+	gpu-bench-config gpu-bench-rlloop
 
 gpu-wheels:
 	mkdir -p $(WHL) $(WHL)/.src
@@ -64,6 +64,10 @@ gpu-site:
 
 gpu-bench-plan: gpu-site
 	$(GPU_ENV) python3 bench/plan/run.py $(OUT)/plan --budget-s 330
+
+gpu-bench-loading: gpu-site
+	mkdir -p $(OUT)
+	$(GPU_ENV) python3 bench/plan/loading_gpu.py /tmp/dsd-loading > $(OUT)/loading.jsonl
 
 gpu-bench-trace: gpu-site
 	$(GPU_ENV) python3 bench/trace/run_gpu.py $(OUT)/trace --budget 420

@@ -177,6 +177,7 @@ def code_for(path: str, model: str, gpus: int, dtype: str) -> str:
 # ------------------------------------------------------------------ what plan() calls in loop mode
 
 def estimate(name: str, shape, wl, hw, knobs) -> PathMemory | None:
+    """Memory of ``zero2`` / ``zero3-gather-once`` (or, for another name, ``in_loop`` of its inference path)."""
     from dsdoctor.plan.memory import estimate_path
 
     numel = shape.inventory.num_params
@@ -227,4 +228,37 @@ def findings(plans: list, chosen) -> list:
     if z2 is not None and z2.fits:
         out.append(Finding("DSD209", {"peak": human_bytes(z2.gpu_peak_bytes), "tps": f"{z2.tokens_per_s:.0f}",
                                       "gpus": z2.ranks}))
+    return out
+
+
+def in_loop(name: str, mem: PathMemory | None, shape, wl, knobs) -> PathMemory | None:
+    """An inference path's memory in a loop: the ZeRO-3 ones carry the training state and step."""
+    if mem is None or not name.startswith("zero3"):
+        return mem
+    return with_training_state(mem, shape.inventory.num_params, wl.dtype_bytes, knobs, train_step_bytes(shape, wl))
+
+
+def loop_plans(shape, wl, hw, knobs, fits, largest, pos_limit, hard, max_batch_search: int) -> list:
+    """PathPlan rows of ``zero2`` and ``zero3-gather-once``, with the largest batch and prompt that fit."""
+    from dsdoctor.plan.result import PathPlan
+
+    out = []
+    for name in LOOP_PATHS:
+        mem = estimate(name, shape, wl, hw, knobs)
+        spd = speed(name, mem, shape, wl, hw, knobs)
+        ok, limits = fits(mem, hw)
+
+        def fits_with(name=name, **change):  # bound now: called within this iteration only
+            return fits(estimate(name, shape, dataclasses.replace(wl, **change), hw, knobs), hw)[0]
+
+        max_ctx = (pos_limit or 131072) - wl.new_tokens
+        max_ctx = max(max_ctx, wl.prompt_len) if hard is None else max_ctx
+        out.append(PathPlan(
+            name=name, ranks=mem.ranks, replicas=mem.replicas, gpu_peak_bytes=mem.gpu_peak_bytes,
+            gpu_reserved_bytes=mem.gpu_reserved_bytes, gpu_outside_allocator_bytes=mem.gpu_outside_allocator_bytes,
+            host_peak_bytes=mem.host_peak_bytes, fits=ok, limits=limits, peak_at=mem.peak_at,
+            tokens_per_s=spd.tokens_per_s, decode_tokens_per_s=spd.decode_tokens_per_s, bound=spd.bound,
+            breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown,
+            max_batch=largest(lambda v: fits_with(batch=v), 1, max_batch_search),
+            max_prompt_len=largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1)), notes=mem.notes))
     return out
