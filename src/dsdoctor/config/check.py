@@ -22,12 +22,45 @@ from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.config.versions import Versions, resolve_versions
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
+from dsdoctor.i18n import pick
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 
 MODES = ("inference", "training") + RUNNER_MODES  # "training" is the old spelling of "train"
+
+# every word of the rendered settings table and header, per language
+TEXT = {
+    "default": {"en": " (default)", "zh": " (默认)"},
+    "zero ignored": {"en": "zero section ignored: init_inference never partitions or offloads",
+                     "zh": "zero 段被忽略：init_inference 从不分片或卸载"},
+    "no zero": {"en": "none (init_inference does not partition)", "zh": "无（init_inference 不分片）"},
+    "hybrid on": {"en": "enabled: DeepSpeedHybridEngine", "zh": "启用：DeepSpeedHybridEngine"},
+    "disabled": {"en": "disabled", "zh": "关闭"},
+    "only zero.Init": {"en": "(only under zero.Init)", "zh": "（仅在 zero.Init 下）"},
+    "needs stage 3": {"en": "(no effect: needs stage 3)", "zh": "（不生效：需要 stage 3）"},
+    "only if called": {"en": "(only if the script calls it)", "zh": "（仅当脚本调用时）"},
+    "none": {"en": "none", "zh": "无"},
+    "from hidden_size": {"en": "? (from hidden_size: pass --model)", "zh": "? (由 hidden_size 决定，传 --model)"},
+    "name says": {"en": "the name says", "zh": "文件名表明"},
+    "fp32 no cast": {"en": "fp32 (no cast: weights keep their loaded dtype)", "zh": "fp32 (不转换，保持加载时的 dtype)"},
+    "trainer deletes": {"en": " (deleted by the Trainer's inference path)", "zh": " (Trainer 推理路径会删除)"},
+    "config": {"en": "config", "zh": "配置"},
+    "mode": {"en": "mode", "zh": "模式"},
+    "runner": {"en": "runner", "zh": "运行方"},
+    "model": {"en": "model", "zh": "模型"},
+    "versions": {"en": "versions", "zh": "版本"},
+    "ds config": {"en": "DeepSpeed config", "zh": "DeepSpeed 配置"},
+    "head": {"en": ("setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different"),
+             "zh": ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处")},
+    "head inference": {"en": ("setting", "effective (deepspeed.init_inference)", ""),
+                       "zh": ("设置", "deepspeed.init_inference 实际生效", "")},
+    "head runner": {"en": ("setting", "effective: {runner}", "raw deepspeed.initialize, where different"),
+                    "zh": ("设置", "{runner} 实际生效", "原始 deepspeed.initialize 下不同之处")},
+    "head markdown": {"en": ("Setting", "Effective", "HF Trainer, where different"),
+                      "zh": ("设置", "实际生效", "HF Trainer")},
+}
 
 @dataclass
 class CheckResult:
@@ -73,9 +106,8 @@ class CheckResult:
         }
 
     def _inference_rows(self, lang: str):
-        zh = lang == "zh"
         c = self.inference_config
-        dtype = c.dtype + ("" if c.dtype_set else (" (默认)" if zh else " (default)"))
+        dtype = c.dtype + ("" if c.dtype_set else pick(TEXT["default"], lang))
         return [
             ("dtype", dtype, ""),
             ("tensor parallel", f"{c.tp_size}" + (f" ({c.tp_source})" if c.tp_source else ""), ""),
@@ -83,31 +115,27 @@ class CheckResult:
             ("enable_cuda_graph", str(c.enable_cuda_graph).lower(), ""),
             ("max_out_tokens", str(c.max_out_tokens), ""),
             ("checkpoint", c.checkpoint or "none", ""),
-            ("ZeRO", ("zero 段被忽略：init_inference 从不分片或卸载" if zh else
-                      "zero section ignored: init_inference never partitions or offloads") if c.zero else
-             ("无（init_inference 不分片）" if zh else "none (init_inference does not partition)"), ""),
+            ("ZeRO", pick(TEXT["zero ignored"] if c.zero else TEXT["no zero"], lang), ""),
         ]
 
     def _inference_section_rows(self, lang: str):
         """hybrid_engine and weight_quantization: what takes effect at inference."""
-        zh = lang == "zh"
         rows = []
         he = self.sections.get("hybrid_engine")
         if he is not None:
-            rows.append(("hybrid_engine", ("启用：DeepSpeedHybridEngine" if zh else "enabled: DeepSpeedHybridEngine") +
+            rows.append(("hybrid_engine", pick(TEXT["hybrid on"], lang) +
                          f" (pin_parameters={str(he['pin_parameters']).lower()}, "
                          f"inference_tp_size={he['inference_tp_size']})" if he["enabled"] else
-                         ("关闭" if zh else "disabled"), ""))
+                         pick(TEXT["disabled"], lang), ""))
         wq = self.sections.get("weight_quantization")
         if wq is not None:
             parts = []
             if wq.get("quantized_initialization"):
                 parts.append(f"int{wq['num_bits']} quantized_initialization " + (
-                    ("（仅在 zero.Init 下）" if zh else "(only under zero.Init)") if self.effective.zero_stage == 3 else
-                    ("（不生效：需要 stage 3）" if zh else "(no effect: needs stage 3)")))
+                    pick(TEXT["only zero.Init"] if self.effective.zero_stage == 3 else TEXT["needs stage 3"], lang)))
             if wq.get("post_init_quant"):
-                parts.append("post_init_quant " + ("（仅当脚本调用时）" if zh else "(only if the script calls it)"))
-            rows.append(("weight_quantization", "; ".join(parts) or ("无" if zh else "none"), ""))
+                parts.append("post_init_quant " + pick(TEXT["only if called"], lang))
+            rows.append(("weight_quantization", "; ".join(parts) or pick(TEXT["none"], lang), ""))
         return rows
 
     def _rows(self, lang: str):
@@ -117,7 +145,6 @@ class CheckResult:
         fills = bool(self.runner and self.runner.fills_auto)
         if fills:  # the runner's reading first, raw deepspeed.initialize where it differs
             e, h = h, e
-        zh = lang == "zh"
 
         def off(o):
             if o.device == "none":
@@ -129,7 +156,7 @@ class CheckResult:
 
         def show(v):
             if v is None:
-                return "? (由 hidden_size 决定，传 --model)" if zh else "? (from hidden_size: pass --model)"
+                return pick(TEXT["from hidden_size"], lang)
             return human_count(v) if isinstance(v, int) and v >= 10_000 else str(v)
 
         def hfv(key, fmt=show):
@@ -140,16 +167,15 @@ class CheckResult:
 
         rows = [
             ("ZeRO stage", e.zero_stage if not self.ref_missing else (
-                "?" + (f" ({'文件名表明' if zh else 'the name says'} {self.stage_from_name})"
+                "?" + (f" ({pick(TEXT['name says'], lang)} {self.stage_from_name})"
                        if self.stage_from_name is not None else "")), hfv("zero_stage")),
             ("offload_param", off(e.offload_param), ""),
             ("offload_optimizer", off(e.offload_optimizer), ""),
-            ("dtype", e.dtype if e.dtype != "fp32" else ("fp32 (不转换，保持加载时的 dtype)" if zh else
-                                                         "fp32 (no cast: weights keep their loaded dtype)"),
+            ("dtype", e.dtype if e.dtype != "fp32" else pick(TEXT["fp32 no cast"], lang),
              _dtype_hf(h) if not fills else ""),
             ("tensor parallel", f"{e.tp_size}" + (f" ({e.tp_source})" if e.tp_source else ""), ""),
             ("optimizer", (e.optimizer_type or ("yes" if e.has_optimizer else "none")) + (
-                (" (Trainer 推理路径会删除)" if zh else " (deleted by the Trainer's inference path)")
+                pick(TEXT["trainer deletes"], lang)
                 if e.has_optimizer and self.runner and self.runner.hf_trainer and self.runner.inference else ""), ""),
             ("scheduler", e.scheduler_type or ("yes" if e.has_scheduler else "none"), ""),
         ]
@@ -175,47 +201,44 @@ class CheckResult:
         return rows
 
     def _head(self, lang: str) -> list[str]:
-        zh = lang == "zh"
-        lines = [f"{'配置' if zh else 'config'}: {self.config} ({self.kind}), {'模式' if zh else 'mode'}: {self.mode}"]
+        def t(key):
+            return pick(TEXT[key], lang)
+
+        lines = [f"{t('config')}: {self.config} ({self.kind}), {t('mode')}: {self.mode}"]
         if self.runner:
             r = self.runner
-            lines.append(f"{'运行方' if zh else 'runner'}: {r.label}" + (f" [{r.command}]" if r.command else "")
-                         + f", {'模式' if zh else 'mode'} {r.mode} ({r.mode_source})"
-                         + (f", {'模型' if zh else 'model'} {r.model}" if r.model else ""))
+            lines.append(f"{t('runner')}: {r.label}" + (f" [{r.command}]" if r.command else "")
+                         + f", {t('mode')} {r.mode} ({r.mode_source})"
+                         + (f", {t('model')} {r.model}" if r.model else ""))
         if self.versions:
             v = self.versions
-            lines.append(("版本" if zh else "versions") + ": " + ", ".join(
+            lines.append(t("versions") + ": " + ", ".join(
                 f"{n} {v.get(n) or '-'}" + ("" if v.sources.get(n) in ("installed", None) else f" ({v.sources[n]})")
                 for n in ("deepspeed", "transformers", "accelerate")))
         if self.ref_path:
-            lines.append(f"{'DeepSpeed 配置' if zh else 'DeepSpeed config'}: {self.ref_path}")
+            lines.append(f"{t('ds config')}: {self.ref_path}")
         if self.model:
             m = self.model
-            lines.append(f"{'模型' if zh else 'model'}: {m['path']} ({human_count(m['num_params'])} params, "
+            lines.append(f"{t('model')}: {m['path']} ({human_count(m['num_params'])} params, "
                          f"{m['dtype'] or '?'})")
         return lines
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        zh = lang == "zh"
         out = "\n".join(self._head(lang)) + "\n\n"
-        head = ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处") if zh else (
-            "setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different")
+        head = pick(TEXT["head"], lang)
         if self.inference_config is not None:
-            head = ("设置", "deepspeed.init_inference 实际生效", "") if zh else (
-                "setting", "effective (deepspeed.init_inference)", "")
+            head = pick(TEXT["head inference"], lang)
         elif self.runner and self.runner.fills_auto:
-            head = ("设置", f"{self.runner.label} 实际生效", "原始 deepspeed.initialize 下不同之处") if zh else (
-                "setting", f"effective: {self.runner.label}", "raw deepspeed.initialize, where different")
+            head = tuple(h.format(runner=self.runner.label) for h in pick(TEXT["head runner"], lang))
         out += text_table(head, self._rows(lang)) + "\n"
         for note in self.notes:
             out += f"{style.info} {note}\n"
         return out + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        zh = lang == "zh"
         out = "### dsdoctor check\n\n" + "".join(f"- {line}\n" for line in self._head(lang)) + "\n"
-        head = ("设置", "实际生效", "HF Trainer") if zh else ("Setting", "Effective", "HF Trainer, where different")
+        head = pick(TEXT["head markdown"], lang)
         out += markdown_table(head, self._rows(lang)) + "\n"
         return out + findings_markdown(self.findings, lang)
 

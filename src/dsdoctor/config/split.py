@@ -28,6 +28,15 @@ from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
 
+# the words of the rendered split, per language
+TEXT = {
+    "wrote": {"en": "wrote {out} (from {source})", "zh": "已写入 {out}（来自 {source}）"},
+    "head": {"en": ("key", "action", "value", "reason"), "zh": ("键", "操作", "值", "原因")},
+    "head markdown": {"en": ("Key", "Action", "Value", "Reason"), "zh": ("键", "操作", "值", "原因")},
+    "checked": {"en": "check of the written config:", "zh": "写出的配置检查结果："},
+}
+
+
 @dataclass
 class Change:
     key: str
@@ -65,16 +74,13 @@ class SplitResult:
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        zh = lang == "zh"
-        out = (f"{style.ok} 已写入 {self.out}（来自 {self.source}）\n\n" if zh
-               else f"{style.ok} wrote {self.out} (from {self.source})\n\n")
-        head = ("键", "操作", "值", "原因") if zh else ("key", "action", "value", "reason")
-        out += text_table(head, self._rows(lang)) + "\n" + self.diff + "\n"
-        out += ("写出的配置检查结果：\n" if zh else "check of the written config:\n")
+        out = f"{style.ok} " + pick(TEXT["wrote"], lang).format(out=self.out, source=self.source) + "\n\n"
+        out += text_table(pick(TEXT["head"], lang), self._rows(lang)) + "\n" + self.diff + "\n"
+        out += pick(TEXT["checked"], lang) + "\n"
         return out + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head = ("Key", "Action", "Value", "Reason") if lang == "en" else ("键", "操作", "值", "原因")
+        head = pick(TEXT["head markdown"], lang)
         return (f"### dsdoctor split\n\n`{self.source}` -> `{self.out}`\n\n" + markdown_table(head, self._rows(lang))
                 + "\n```diff\n" + self.diff + "```\n\n" + findings_markdown(self.findings, lang))
 

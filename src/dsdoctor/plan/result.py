@@ -11,32 +11,32 @@ from dsdoctor.plan.workload import Workload
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 
+# names of the breakdown parts, per language
 LABELS = {
-    "weights_resident": ("resident weights", "常驻权重"),
-    "persistent_params": ("persistent small params", "常驻小参数"),
-    "gathered_params": ("gathered/prefetched params", "收集/预取的参数"),
-    "kv_cache": ("KV cache", "KV cache"),
-    "activations": ("activations", "激活"),
-    "logits": ("logits (+fp32 copy)", "logits（含 fp32 拷贝）"),
-    "cublas_workspace": ("cuBLAS workspace", "cuBLAS 工作区"),
-    "load_transient": ("load transient", "加载时临时占用"),
-    "reduce_bucket": ("reduce bucket (training config)", "reduce bucket（训练配置）"),
-    "optimizer_state": ("optimizer fp32 master + gradient partitions (training config)",
-                        "优化器 fp32 主参数与梯度分片（训练配置）"),
-    "checkpoint_while_loading": ("checkpoint shard while loading", "加载时的检查点分片"),
-    "model_copy_while_sharding": ("host copy while sharding", "切分时的主机副本"),
-    "offloaded_params_pinned": ("offloaded params (pinned)", "卸载的参数（锁页）"),
-    "offloaded_params": ("offloaded params", "卸载的参数"),
-    "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
-    "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
-    "process_base": ("python + torch + CUDA runtime (anonymous)", "python + torch + CUDA 运行时（匿名内存）"),
-    "load_anon": ("CPU copies while loading (anonymous)", "加载时的 CPU 拷贝（匿名内存）"),
-    "checkpoint_mapped": ("checkpoint pages mapped (file-backed, counted once)", "映射的检查点页（文件页，只计一次）"),
-    "dequant_workspace": ("dequantization workspace", "反量化工作区"),
-    "offloaded_layers": ("CPU-offloaded layers", "卸载到 CPU 的层"),
-    "gathered_whole_model": ("whole model gathered for generate (loop)", "为 generate 收集的完整模型（循环）"),
-    "training_activations": ("training step activations (loop)", "训练步激活（循环）"),
-    "training_logits": ("training step logits + fp32 copy (loop)", "训练步 logits 及 fp32 拷贝（循环）"),
+    "weights_resident": {"en": "resident weights", "zh": "常驻权重"},
+    "persistent_params": {"en": "persistent small params", "zh": "常驻小参数"},
+    "gathered_params": {"en": "gathered/prefetched params", "zh": "收集/预取的参数"},
+    "kv_cache": {"en": "KV cache", "zh": "KV cache"},
+    "activations": {"en": "activations", "zh": "激活"},
+    "logits": {"en": "logits (+fp32 copy)", "zh": "logits（含 fp32 拷贝）"},
+    "cublas_workspace": {"en": "cuBLAS workspace", "zh": "cuBLAS 工作区"},
+    "load_transient": {"en": "load transient", "zh": "加载时临时占用"},
+    "reduce_bucket": {"en": "reduce bucket (training config)", "zh": "reduce bucket（训练配置）"},
+    "optimizer_state": {"en": "optimizer fp32 master + gradient partitions (training config)", "zh": "优化器 fp32 主参数与梯度分片（训练配置）"},
+    "checkpoint_while_loading": {"en": "checkpoint shard while loading", "zh": "加载时的检查点分片"},
+    "model_copy_while_sharding": {"en": "host copy while sharding", "zh": "切分时的主机副本"},
+    "offloaded_params_pinned": {"en": "offloaded params (pinned)", "zh": "卸载的参数（锁页）"},
+    "offloaded_params": {"en": "offloaded params", "zh": "卸载的参数"},
+    "nvme_swap_buffers_pinned": {"en": "NVMe swap buffers (pinned)", "zh": "NVMe 交换缓冲（锁页）"},
+    "outside_allocator": {"en": "CUDA context + NCCL", "zh": "CUDA context + NCCL"},
+    "process_base": {"en": "python + torch + CUDA runtime (anonymous)", "zh": "python + torch + CUDA 运行时（匿名内存）"},
+    "load_anon": {"en": "CPU copies while loading (anonymous)", "zh": "加载时的 CPU 拷贝（匿名内存）"},
+    "checkpoint_mapped": {"en": "checkpoint pages mapped (file-backed, counted once)", "zh": "映射的检查点页（文件页，只计一次）"},
+    "dequant_workspace": {"en": "dequantization workspace", "zh": "反量化工作区"},
+    "offloaded_layers": {"en": "CPU-offloaded layers", "zh": "卸载到 CPU 的层"},
+    "gathered_whole_model": {"en": "whole model gathered for generate (loop)", "zh": "为 generate 收集的完整模型（循环）"},
+    "training_activations": {"en": "training step activations (loop)", "zh": "训练步激活（循环）"},
+    "training_logits": {"en": "training step logits + fp32 copy (loop)", "zh": "训练步 logits 及 fp32 拷贝（循环）"},
 }
 
 
@@ -73,8 +73,7 @@ TEXT = {
 
 
 def label(key: str, lang: str) -> str:
-    en, zh = LABELS.get(key, (key, key))
-    return zh if lang == "zh" else en
+    return pick(LABELS.get(key, key), lang)
 
 
 @dataclass
