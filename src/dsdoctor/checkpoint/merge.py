@@ -23,6 +23,7 @@ from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, writ
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
+from dsdoctor.i18n import pick
 from dsdoctor.report.render import (
     Style,
     findings_markdown,
@@ -39,6 +40,25 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "merges.txt", "chat_template.json", "chat_template.jinja", "preprocessor_config.json")
 DISK_MARGIN = 64 * 1024 * 1024
 CONFIG_MAX_BYTES = 16 * 2**20
+
+
+# the words of the rendered merge, per language
+TEXT = {
+    "checkpoint": {"en": "checkpoint", "zh": "检查点"},
+    "stage ranks": {"en": "ZeRO stage / ranks", "zh": "ZeRO 阶段 / rank 数"},
+    "tensors": {"en": "tensors", "zh": "张量"},
+    "tensors value": {"en": "{tensors} ({params} parameters, {frozen} frozen, {buffers} buffers)",
+                      "zh": "{tensors} 个({params} 参数,{frozen} 个冻结,{buffers} 个 buffer)"},
+    "written": {"en": "written", "zh": "写出"},
+    "written value": {"en": "{out}: {shards} shard(s), {size} {dtype}", "zh": "{out}: {shards} 个分片,{size} {dtype}"},
+    "tied": {"en": "tied", "zh": "绑定"},
+    "stored once": {"en": " (stored once)", "zh": "(只存一份)"},
+    "copied tied": {"en": " (copied)", "zh": "(各存一份)"},
+    "copied": {"en": "copied", "zh": "已复制"},
+    "time": {"en": "time", "zh": "耗时"},
+    "merged": {"en": "merged", "zh": "合并完成"},
+    "merge": {"en": "merge", "zh": "合并"},
+}
 
 
 @dataclass
@@ -74,31 +94,29 @@ class MergeResult:
         }
 
     def _rows(self, lang: str):
-        en = lang != "zh"
+        def t(key):
+            return pick(TEXT[key], lang)
+
         tied = ", ".join(f"{a} = {s}" for a, s in self.tied.items()) or "-"
         return [
-            ("checkpoint" if en else "检查点", f"{self.checkpoint} (tag {self.tag})"),
-            ("ZeRO stage / ranks" if en else "ZeRO 阶段 / rank 数", f"{self.zero_stage} / {self.world_size}"),
-            ("tensors" if en else "张量",
-             f"{self.tensors} ({human_count(self.parameters)} parameters, {self.frozen} frozen, {self.buffers} buffers)"
-             if en else f"{self.tensors} 个({human_count(self.parameters)} 参数,{self.frozen} 个冻结,{self.buffers} 个 buffer)"),
-            ("written" if en else "写出",
-             f"{self.out_dir}: {len(self.shards)} shard(s), {human_bytes(self.bytes_written)} {self.dtype}"
-             if en else f"{self.out_dir}: {len(self.shards)} 个分片,{human_bytes(self.bytes_written)} {self.dtype}"),
-            ("tied" if en else "绑定", tied + ("" if not self.tied else
-                                               ((" (stored once)" if en else "(只存一份)") if self.tied_stored_once
-                                                else (" (copied)" if en else "(各存一份)")))),
-            ("copied" if en else "已复制", ", ".join(self.copied_files) or "-"),
-            ("time" if en else "耗时", f"{self.seconds:.1f} s"),
+            (t("checkpoint"), f"{self.checkpoint} (tag {self.tag})"),
+            (t("stage ranks"), f"{self.zero_stage} / {self.world_size}"),
+            (t("tensors"), t("tensors value").format(tensors=self.tensors, params=human_count(self.parameters),
+                                                     frozen=self.frozen, buffers=self.buffers)),
+            (t("written"), t("written value").format(out=self.out_dir, shards=len(self.shards),
+                                                     size=human_bytes(self.bytes_written), dtype=self.dtype)),
+            (t("tied"), tied + ("" if not self.tied else t("stored once" if self.tied_stored_once else "copied tied"))),
+            (t("copied"), ", ".join(self.copied_files) or "-"),
+            (t("time"), f"{self.seconds:.1f} s"),
         ]
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        lines = [f"{style.ok} " + ("merged" if lang != "zh" else "合并完成")] + kv_lines(self._rows(lang))
+        lines = [f"{style.ok} " + pick(TEXT["merged"], lang)] + kv_lines(self._rows(lang))
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head = ("", "merge") if lang != "zh" else ("", "合并")
+        head = ("", pick(TEXT["merge"], lang))
         return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
 
 

@@ -14,6 +14,7 @@ from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.i18n import pick
 from dsdoctor.report.render import (
     Style,
     findings_markdown,
@@ -33,6 +34,19 @@ EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "bfloat16": 2.0**-8, "float16":
 def _names(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+# the words of the rendered verify, per language
+TEXT = {
+    "weights": {"en": "weights", "zh": "权重"},
+    "model": {"en": "model", "zh": "模型"},
+    "tied": {"en": "tied", "zh": "绑定"},
+    "reference": {"en": "reference", "zh": "参考"},
+    "note": {"en": "note", "zh": "说明"},
+    "verified": {"en": "verified", "zh": "验证通过"},
+    "failed": {"en": "verification failed", "zh": "验证失败"},
+    "verify": {"en": "verify", "zh": "验证"},
+}
 
 
 @dataclass
@@ -62,31 +76,32 @@ class VerifyResult:
         }
 
     def _rows(self, lang: str):
-        en = lang != "zh"
+        def t(key):
+            return pick(TEXT[key], lang)
+
         rows = [
-            ("weights" if en else "权重", f"{self.out_dir}: {self.tensors} tensors, {human_count(self.parameters)} parameters"),
-            ("model" if en else "模型", f"{self.model}: {self.expected} tensors expected"),
-            ("tied" if en else "绑定", "; ".join(" = ".join(g) for g in self.tied_groups) or "-"),
+            (t("weights"), f"{self.out_dir}: {self.tensors} tensors, {human_count(self.parameters)} parameters"),
+            (t("model"), f"{self.model}: {self.expected} tensors expected"),
+            (t("tied"), "; ".join(" = ".join(g) for g in self.tied_groups) or "-"),
         ]
         if self.reference:
-            rows.append(("reference" if en else "参考", f"{self.reference}: {self.compared_with_reference} tensors "
-                                                     f"compared, max |diff| {self.max_abs_diff}"))
+            rows.append((t("reference"), f"{self.reference}: {self.compared_with_reference} tensors "
+                                         f"compared, max |diff| {self.max_abs_diff}"))
             if self.logits_max_abs_diff is not None:
                 rows.append(("logits", f"max |diff| {self.logits_max_abs_diff:.3g}, top-1 agreement "
                                        f"{self.logits_top1_agreement:.0%}"))
-        rows += [("note" if en else "说明", n) for n in self.notes]
+        rows += [(t("note"), n) for n in self.notes]
         return rows
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         ok = not any(f.effective_severity == "error" for f in self.findings)
-        head = (f"{style.ok} " + ("verified" if lang != "zh" else "验证通过")) if ok else \
-            (f"{style.error} " + ("verification failed" if lang != "zh" else "验证失败"))
+        head = f"{style.ok} {pick(TEXT['verified'], lang)}" if ok else f"{style.error} {pick(TEXT['failed'], lang)}"
         lines = [head] + kv_lines(self._rows(lang))
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head = ("", "verify" if lang != "zh" else "验证")
+        head = ("", pick(TEXT["verify"], lang))
         return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
 
 

@@ -27,7 +27,6 @@ from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
-
 # the words of the rendered split, per language
 TEXT = {
     "wrote": {"en": "wrote {out} (from {source})", "zh": "已写入 {out}（来自 {source}）"},
