@@ -145,3 +145,17 @@ def test_bf16_by_gpu_name(name, ok):
     from dsdoctor.config.gpu import bf16_supported
 
     assert bf16_supported(name) is ok
+
+
+@pytest.mark.parametrize("name,cap", [("Tesla V100-SXM2-32GB", 7.0), ("NVIDIA GeForce RTX 3060", 8.6),
+                                      ("NVIDIA RTX 6000 Ada Generation", 8.9), ("Quadro RTX 6000", 7.5),
+                                      ("NVIDIA L40S", 8.9), ("NVIDIA L4", 8.9), ("NVIDIA H20", 9.0),
+                                      ("AMD Instinct MI300X", None), ("Some Future GPU", None)])
+def test_one_gpu_table_for_check_and_plan(name, cap):
+    """check's bf16 and plan's compute capability come from one table and never disagree."""
+    from dsdoctor.config.gpu import bf16_supported
+    from dsdoctor.plan.gpu_caps import capability_of, has_bf16
+
+    assert capability_of(name) == cap
+    if cap is not None:
+        assert bf16_supported(name) is has_bf16(cap)
