@@ -18,8 +18,9 @@ from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.reserved import fragmentation_findings
 from dsdoctor.plan.result import PathPlan, PlanResult, Recommendation
-from dsdoctor.plan.speed import UNPINNED_FACTOR, estimate_speed
+from dsdoctor.plan.speed import estimate_speed, figures_for
 from dsdoctor.plan.workload import Workload, make_workload
 from dsdoctor.units import human_bytes
 
@@ -94,11 +95,20 @@ def _largest(fits_at, low: int, high: int) -> int | None:
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None) -> PlanResult:
+         gpu_name: str | None = None, machine=None, alloc_conf: str | None = None) -> PlanResult:
+    """``machine``: a MachineProfile or a profile file (``dsdoctor calibrate --out``); by default the cached
+    profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
+    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
+    profile = resolve_profile(machine, detect)
+    figures = figures_for(hw, profile)
+    if alloc_conf is None:
+        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    expandable = "expandable_segments:true" in alloc_conf.replace(" ", "").lower()
+    context = profile.get("context_bytes") if profile is not None else None
     knobs = load_knobs(config)
     config_path = config_path_of(knobs)
     shape = model_shape(spec, inv)
@@ -106,15 +116,16 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     plans: list[PathPlan] = []
     for name in PATHS:
         k = _knobs_for(name, knobs, config_path)
-        mem = estimate_path(name, shape, wl, hw, k)
+        mem = estimate_path(name, shape, wl, hw, k, expandable=expandable, context_bytes=context)
         if mem is None:
             continue
-        speed = estimate_speed(mem, shape, wl, hw, k)
+        speed = estimate_speed(mem, shape, wl, hw, k, figures)
         fits, limits = _fits(mem, hw)
 
         def fits_with(**change):
             other = dataclasses.replace(wl, **change)
-            m = estimate_path(name, shape, other, hw, k)
+            m = estimate_path(name, shape, other, hw, k, expandable=expandable, context_bytes=context,
+                              reserved_ratio=mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1))
             return _fits(m, hw)[0]
 
         max_ctx = (spec.max_position_embeddings or 131072) - wl.new_tokens
@@ -126,7 +137,8 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             host_peak_bytes=mem.host_peak_bytes, fits=fits, limits=limits, peak_at=mem.peak_at,
             tokens_per_s=speed.tokens_per_s, decode_tokens_per_s=speed.decode_tokens_per_s, bound=speed.bound,
             breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown, max_batch=max_batch,
-            max_prompt_len=max_prompt, notes=mem.notes,
+            max_prompt_len=max_prompt, notes=mem.notes, fragmentation_bytes=mem.fragmentation_bytes,
+            speed_terms=speed.terms,
         ))
 
     chosen = rec.choose(plans)
@@ -137,22 +149,49 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
 
-    findings = _findings(plans, chosen, knobs, config_path, hw, wl)
+    findings = _findings(plans, chosen, knobs, config_path, hw, wl, figures, profile)
+    if not expandable:
+        findings += fragmentation_findings(plans, chosen, config_path)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
-    return PlanResult(model_info, wl.to_dict(), hw.to_dict(), knobs.to_dict() if knobs else None, plans,
+    hw_info = hw.to_dict()
+    hw_info["profile"] = profile_summary(profile, figures)
+    hw_info["alloc_conf"] = alloc_conf or None
+    return PlanResult(model_info, wl.to_dict(), hw_info, knobs.to_dict() if knobs else None, plans,
                       recommendation, findings, weights_only)
 
 
-def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
+def resolve_profile(machine, detect: bool):
+    """The machine profile a plan uses: the one given, else this machine's cached one, else None."""
+    from dsdoctor.calibrate.profile import MachineProfile, find_profile, load_profile
+
+    if isinstance(machine, MachineProfile):
+        return machine
+    if machine is not None:
+        return load_profile(machine)
+    return find_profile() if detect else None
+
+
+def profile_summary(profile, figures) -> dict:
+    if profile is None:
+        return {"calibrated_at": None, "source": None, "assumed": figures.assumed}
+    return {"calibrated_at": profile.calibrated_at, "fingerprint": profile.fingerprint, "source": profile.source,
+            "assumed": figures.assumed}
+
+
+def _findings(plans, chosen, knobs, config_path, hw, wl: Workload, figures=None, profile=None) -> list[Finding]:
     out: list[Finding] = []
     by = {p.name: p for p in plans}
-    if hw.assumed:
-        out.append(Finding("DSD205", {"assumed": ", ".join(hw.assumed)}))
+    assumed = list(hw.assumed)
+    if figures is not None and figures.assumed:
+        assumed.append("speed figures " + ", ".join(figures.assumed)
+                       + (" (run dsdoctor calibrate)" if profile is None else " (not in the machine profile)"))
+    if assumed:
+        out.append(Finding("DSD205", {"assumed": "; ".join(assumed)}))
     if chosen is None and plans:
         smallest = min(plans, key=lambda p: (p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes))
         out.append(Finding("DSD202", {
@@ -179,6 +218,7 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
                                       "config_path": cp.name}))
     if config_path == "zero3-offload" and not knobs.offload_param_pin_memory and cp is not None:
         pinned = cp.host_breakdown.get("offloaded_params", 0)
+        factor = figures.h2d_pinned / figures.h2d_pageable if figures is not None else 1 / 0.35
         out.append(Finding("DSD206", {"moved": human_bytes(cp.host_breakdown.get("offloaded_params", 0) / max(cp.ranks, 1)),
-                                      "slowdown": f"{1 / UNPINNED_FACTOR:.1f}", "pinned": human_bytes(pinned * 2)}))
+                                      "slowdown": f"{factor:.1f}", "pinned": human_bytes(pinned * 2)}))
     return out

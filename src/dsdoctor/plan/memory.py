@@ -420,6 +420,7 @@ class PathMemory:
     resident_weight_bytes: int
     gathered_bytes_per_step: int  # weights a decode step must bring in (gather or host copy), per rank
     notes: list = field(default_factory=list)
+    fragmentation_bytes: int = 0
 
 
 def _pow2(n: int) -> int:
@@ -492,7 +493,10 @@ def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict,
     return gpu, host, notes
 
 
-def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemory | None:
+def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: bool = False,
+                  context_bytes: int | None = None, reserved_ratio: float | None = None) -> PathMemory | None:
+    """``reserved_ratio``: reserved = peak x ratio instead of replaying the allocator (what-fits searches
+    reuse the ratio of the planned workload)."""
     """Memory of one load path; None when the path does not apply (tp on one GPU)."""
     inv = shape.inventory
     b = wl.dtype_bytes
@@ -581,10 +585,15 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
         peak += value
     breakdown = {k: int(v) for k, v in breakdown.items() if v}
     peak = int(peak)
-    # the caching allocator keeps freed blocks: the largest transient activation stays reserved
-    slack = max((m.act for m in warm), default=0) * 0.25 + 64 * MiB
-    reserved = int(peak + slack)
-    outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 else 0)
+    # what the caching allocator reserves for that allocated peak (plan/reserved.py)
+    from dsdoctor.plan.reserved import reserved_for
+
+    if reserved_ratio is not None:
+        reserved = int(peak * reserved_ratio)
+    else:
+        reserved = reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable,
+                                training_bytes=sum(t_gpu.values()), tp=tp)
+    outside = (context_bytes if context_bytes is not None else CUDA_CONTEXT) + (NCCL_BUFFERS if world > 1 else 0)
 
     # host, all ranks of the machine together
     host: dict[str, int] = {}
@@ -616,4 +625,4 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
     if zero3 and world == 1 and not offload:
         notes.append("ZeRO-3 on one rank shards nothing: every parameter stays whole on the GPU")
     return PathMemory(name, world, replicas, peak, reserved, outside, int(host_peak), phase, breakdown, host,
-                      int(resident), int(gathered_per_step), notes)
+                      int(resident), int(gathered_per_step), notes, max(reserved - peak, 0))

@@ -53,6 +53,8 @@ class PathPlan:
     max_batch: int | None = None
     max_prompt_len: int | None = None
     notes: list = field(default_factory=list)
+    fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
+    speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
 
     def to_dict(self) -> dict:
         return {
@@ -64,6 +66,7 @@ class PathPlan:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "bound": self.bound,
             "breakdown": self.breakdown, "host_breakdown": self.host_breakdown,
             "max_batch": self.max_batch, "max_prompt_len": self.max_prompt_len, "notes": self.notes,
+            "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
         }
 
 
@@ -118,17 +121,30 @@ class PlanResult:
                    "最长 prompt")
         return (head_zh if lang == "zh" else head_en), rows
 
+    def _calibration(self, lang: str) -> str:
+        prof = self.hardware.get("profile") or {}
+        when = prof.get("calibrated_at")
+        if when:
+            src = f" ({prof['source']})" if prof.get("source") else ""
+            rest = prof.get("assumed") or []
+            tail = ("; assumed: " + ", ".join(rest)) if rest and lang == "en" else ("；假定：" + ", ".join(rest)) if rest else ""
+            return (f"calibrated on {when[:10]}{src}{tail}" if lang == "en" else f"校准于 {when[:10]}{src}{tail}")
+        return ("assumed, not measured (run `dsdoctor calibrate` on this machine)" if lang == "en"
+                else "假定值，未测量（在本机运行 `dsdoctor calibrate`）")
+
     def _header(self, lang: str) -> str:
         m, w, h = self.model, self.workload, self.hardware
         if lang == "zh":
             return (f"模型 {m['model_type']}：{human_count(m['num_params'])} 参数（{m['counted_by']}），"
                     f"仅权重 {human_bytes(self.weights_only_bytes)}\n"
                     f"负载：每 rank batch {w['batch']}，prompt {w['prompt_len']}，新 token {w['new_tokens']}，{w['dtype']}\n"
-                    f"硬件：{h['gpus']} x {human_bytes(h['gpu_memory'])} GPU，主机 {human_bytes(h['host_memory'])}\n")
+                    f"硬件：{h['gpus']} x {human_bytes(h['gpu_memory'])} GPU，主机 {human_bytes(h['host_memory'])}\n"
+                    f"机器指标：{self._calibration('zh')}\n")
         return (f"model {m['model_type']}: {human_count(m['num_params'])} params ({m['counted_by']}), "
                 f"weights alone {human_bytes(self.weights_only_bytes)}\n"
                 f"workload: batch {w['batch']} per rank, prompt {w['prompt_len']}, {w['new_tokens']} new tokens, {w['dtype']}\n"
-                f"hardware: {h['gpus']} x {human_bytes(h['gpu_memory'])} GPU, host {human_bytes(h['host_memory'])}\n")
+                f"hardware: {h['gpus']} x {human_bytes(h['gpu_memory'])} GPU, host {human_bytes(h['host_memory'])}\n"
+                f"machine figures: {self._calibration('en')}\n")
 
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []
