@@ -46,6 +46,7 @@ RULE_MODULES = (
     "dsdoctor.trace.rules",
     "dsdoctor.checkpoint.rules",
     "dsdoctor.compare.rules",
+    "dsdoctor.calibrate.rules",
 )
 
 

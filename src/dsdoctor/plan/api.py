@@ -14,6 +14,7 @@ from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import recommend as rec
+from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.hardware import make_hardware
@@ -151,7 +152,13 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl, figures, profile)
     if not expandable:
-        findings += fragmentation_findings(plans, chosen, config_path)
+        def with_expandable(name):
+            m = estimate_path(name, shape, wl, hw, _knobs_for(name, knobs, config_path), expandable=True,
+                              context_bytes=context)
+            return m.gpu_reserved_bytes if m else None
+
+        findings += fragmentation_findings(plans, chosen, config_path, with_expandable)
+    findings += machine_findings(profile, machine)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,
@@ -176,6 +183,25 @@ def resolve_profile(machine, detect: bool):
     return find_profile() if detect else None
 
 
+def machine_findings(profile, machine) -> list[Finding]:
+    """DSD221 when a profile given explicitly was measured on other hardware than this machine's."""
+    if profile is None or machine is None:
+        return []
+    from dsdoctor.calibrate import rules as _  # noqa: F401  (registers DSD22x)
+    from dsdoctor.calibrate.profile import fingerprint, machine_description
+
+    here = machine_description()
+    if not here.get("gpus") or fingerprint(here) == profile.fingerprint:
+        return []  # no GPU here: planning for another machine is what --machine is for
+
+    def describe(m):
+        g = m.get("gpus") or []
+        return f"{len(g)} x {g[0]['name']}" if g else "no GPU"
+
+    return [Finding("DSD221", {"source": profile.source or "given", "profile_machine": describe(profile.machine),
+                               "date": profile.date, "this_machine": describe(here)})]
+
+
 def profile_summary(profile, figures) -> dict:
     if profile is None:
         return {"calibrated_at": None, "source": None, "assumed": figures.assumed}
@@ -187,6 +213,11 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload, figures=None,
     out: list[Finding] = []
     by = {p.name: p for p in plans}
     assumed = list(hw.assumed)
+    if profile is not None:  # what the profile measured is no longer assumed
+        if "h2d_pinned" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("h2d_bandwidth")]
+        if "hbm_weight_read" in profile.measured and "matmul_flops" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("bandwidths of")]
     if figures is not None and figures.assumed:
         assumed.append("speed figures " + ", ".join(figures.assumed)
                        + (" (run dsdoctor calibrate)" if profile is None else " (not in the machine profile)"))

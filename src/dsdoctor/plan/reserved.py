@@ -19,6 +19,7 @@ repeat them with a slightly longer cache).
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 from dsdoctor.findings import Finding
@@ -50,26 +51,40 @@ def segment_size(n: int) -> int:
 
 
 class Allocator:
-    """The caching allocator's block bookkeeping on one stream (no release: the GPU is never full)."""
+    """The caching allocator's block bookkeeping (no release to CUDA: the GPU is never full here).
+
+    Free blocks of a pool (small/large, per stream) sit in a list sorted by (size, segment, address), so a
+    best-fit lookup is one bisection, as the allocator's own ordered set does."""
 
     def __init__(self, expandable: bool = False):
         self.expandable = expandable
-        # per pool: free blocks as [addr, size, segment]; live blocks by tensor id
-        self.free: dict = {}  # (small pool, stream) -> free blocks
-        self.live: dict[int, tuple] = {}  # id -> (pool_small, addr, size, segment)
-        self.blocks: dict[int, dict] = {}  # segment -> {addr: [size, is_free]}
-        self.seg_end: dict[int, int] = {}
+        self.free: dict = {}  # (small pool, stream) -> sorted [(size, segment, addr)]
+        self.free_at: dict = {}  # (segment, addr) -> size, free blocks
+        self.free_end: dict = {}  # (segment, end address) -> addr, free blocks
+        self.live: dict = {}  # id -> (pool key, segment, addr, size)
+        self.seg_end: dict = {}
         self.reserved = 0
         self.peak_reserved = 0
         self.allocated = 0
         self.peak_allocated = 0
         self._next_seg = 0
-        self._grow: dict[bool, int] = {}  # expandable: the one segment per pool
+        self._grow: dict = {}  # expandable: the one segment per pool
+
+    def _add_free(self, pool, seg, addr, size):
+        bisect.insort(pool, (size, seg, addr))
+        self.free_at[(seg, addr)] = size
+        self.free_end[(seg, addr + size)] = addr
+
+    def _del_free(self, pool, seg, addr):
+        size = self.free_at.pop((seg, addr))
+        del self.free_end[(seg, addr + size)]
+        i = bisect.bisect_left(pool, (size, seg, addr))
+        del pool[i]
+        return size
 
     def _new_segment(self, size: int) -> int:
         seg = self._next_seg
         self._next_seg += 1
-        self.blocks[seg] = {0: [size, True]}
         self.seg_end[seg] = size
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -78,48 +93,36 @@ class Allocator:
     def malloc(self, tid: int, nbytes: int, stream: int = 0) -> None:
         size = round_size(nbytes)
         small = size <= SMALL_REQUEST
-        pool = self.free.setdefault((small, stream), [])
-        best = None
-        for i, (addr, bsize, seg) in enumerate(pool):
-            if bsize >= size and (best is None or bsize < pool[best][1]):
-                best = i
-        if best is None:
-            if self.expandable:
-                seg = self._grow.get((small, stream))
-                if seg is None:
-                    seg = self._grow[(small, stream)] = self._new_segment(0)
-                    del self.blocks[seg][0]
-                end = self.seg_end[seg]
-                tail = next((j for j, b in enumerate(pool) if b[2] == seg and b[0] + b[1] == end), None)
-                have = pool[tail][1] if tail is not None else 0
-                grow = PAGE * math.ceil((size - have) / PAGE)
-                self.seg_end[seg] = end + grow
-                self.reserved += grow
-                self.peak_reserved = max(self.peak_reserved, self.reserved)
-                if tail is not None:
-                    addr = pool[tail][0]
-                    pool[tail][1] += grow
-                    self.blocks[seg][addr][0] += grow
-                else:
-                    addr = end
-                    self.blocks[seg][addr] = [grow, True]
-                    pool.append([addr, grow, seg])
-                    tail = len(pool) - 1
-                best = tail
-            else:
-                seg = self._new_segment(segment_size(size))
-                pool.append([0, self.seg_end[seg], seg])
-                best = len(pool) - 1
-        addr, bsize, seg = pool.pop(best)
+        key = (small, stream)
+        pool = self.free.setdefault(key, [])
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i < len(pool):
+            bsize, seg, addr = pool[i]
+        elif self.expandable:
+            seg = self._grow.get(key)
+            if seg is None:
+                seg = self._grow[key] = self._new_segment(0)
+            end = self.seg_end[seg]
+            tail = self.free_end.get((seg, end))
+            have = self._del_free(pool, seg, tail) if tail is not None else 0
+            grow = PAGE * math.ceil((size - have) / PAGE)
+            self.seg_end[seg] = end + grow
+            self.reserved += grow
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            addr = tail if tail is not None else end
+            self._add_free(pool, seg, addr, have + grow)
+            bsize = have + grow
+        else:
+            seg = self._new_segment(segment_size(size))
+            addr, bsize = 0, self.seg_end[seg]
+            self._add_free(pool, seg, addr, bsize)
+        self._del_free(pool, seg, addr)
         rest = bsize - size
         if rest >= (512 if small else SMALL_REQUEST + 1):
-            self.blocks[seg][addr] = [size, False]
-            self.blocks[seg][addr + size] = [rest, True]
-            pool.append([addr + size, rest, seg])
+            self._add_free(pool, seg, addr + size, rest)
         else:
             size = bsize
-            self.blocks[seg][addr] = [size, False]
-        self.live[tid] = ((small, stream), addr, size, seg)
+        self.live[tid] = (key, seg, addr, size)
         self.allocated += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
@@ -127,30 +130,16 @@ class Allocator:
         got = self.live.pop(tid, None)
         if got is None:
             return
-        pool_key, addr, size, seg = got
+        key, seg, addr, size = got
         self.allocated -= size
-        blocks = self.blocks[seg]
-        pool = self.free[pool_key]
-        blocks[addr][1] = True
-        # merge with the next and previous free blocks of the same segment
-        nxt = addr + size
-        if nxt in blocks and blocks[nxt][1]:
-            size += blocks.pop(nxt)[0]
-            self._drop(pool, seg, nxt)
-        prev = next((a for a, b in blocks.items() if b[1] and a + b[0] == addr), None)
-        if prev is not None:
-            self._drop(pool, seg, prev)
-            del blocks[addr]
-            addr, size = prev, blocks[prev][0] + size
-        blocks[addr] = [size, True]
-        pool.append([addr, size, seg])
-
-    @staticmethod
-    def _drop(pool, seg, addr):
-        for i, b in enumerate(pool):
-            if b[2] == seg and b[0] == addr:
-                pool.pop(i)
-                return
+        pool = self.free[key]
+        if (seg, addr + size) in self.free_at:  # merge with the next free block
+            size += self._del_free(pool, seg, addr + size)
+        prev = self.free_end.get((seg, addr))
+        if prev is not None:  # and with the previous one
+            size += self._del_free(pool, seg, prev)
+            addr = prev
+        self._add_free(pool, seg, addr, size)
 
 
 class _Run:
@@ -476,16 +465,20 @@ def reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable, 
     return int(max(peak + slack, peak))
 
 
-def fragmentation_findings(plans, chosen, config_path) -> list:
+def fragmentation_findings(plans, chosen, config_path, with_expandable=None) -> list:
+    """DSD220 for the config's path and the recommended one, when reserved exceeds allocated by more than
+    15%. ``with_expandable(name)``: the reserved bytes of that path under expandable segments."""
+    from dsdoctor.units import human_bytes
+
     out = []
     for p in plans:
         if p.name not in (config_path, chosen.name if chosen else None):
             continue
         frag = p.gpu_reserved_bytes - p.gpu_peak_bytes
-        if p.gpu_peak_bytes and frag > FRAGMENTATION_FINDING * p.gpu_peak_bytes and "expandable" not in p.notes:
-            from dsdoctor.units import human_bytes
-
+        if p.gpu_peak_bytes and frag > FRAGMENTATION_FINDING * p.gpu_peak_bytes:
+            exp = with_expandable(p.name) if with_expandable else None
             out.append(Finding("DSD220", {"path": p.name, "reserved": human_bytes(p.gpu_reserved_bytes),
                                           "allocated": human_bytes(p.gpu_peak_bytes),
-                                          "pct": f"{100 * frag / p.gpu_peak_bytes:.0f}"}))
+                                          "pct": f"{100 * frag / p.gpu_peak_bytes:.0f}",
+                                          "reserved_expandable": human_bytes(exp) if exp else "-"}))
     return out

@@ -68,7 +68,10 @@ def figures_for(hw, profile=None) -> Figures:
         assumed.append(label or name)
         return fallback
 
-    values = {k: pick(k, v) for k, v in ASSUMED.items() if k != "pageable_factor"}
+    multi = hw.gpus > 1
+    collective = ("autotp_allreduce_s", "allgather_latency_s")
+    values = {k: (pick(k, v) if multi or k not in collective else prof.get(k, v))
+              for k, v in ASSUMED.items() if k != "pageable_factor"}
     for kind in ("layer", "token"):  # the batch dependence: measured at 16 and 64 when profiled
         for b in (16, 64):
             key = f"eager_{kind}_s_b{b}"
