@@ -102,3 +102,82 @@ ZeRO-3 钩子开销在不同主机间可差数倍。用另一台机器的指标�
 """,
     },
 )
+
+AB_ATTRIBUTION = rule(
+    "DSD345", "ab-peak-attribution", "info",
+    message={"en": "generate peak by part (plan's breakdown for the same shape): {lines}",
+             "zh": "生成峰值按部分拆分（同形状下 plan 的拆分）：{lines_zh}"},
+    fix={"en": "the largest part is what to shrink; an unexplained remainder is memory plan does not model",
+         "zh": "最大的部分就是要缩减的对象；未解释的余量是 plan 没有建模的内存"},
+    explanation={
+        "en": """\
+## What it does
+Splits each ab variant's measured generate peak into resident weights, gathered/prefetched parameters,
+KV cache, activations and logits, using plan's model for the model config, batch, prompt and new tokens
+the trace recorded, and states what plan does not explain as a remainder.
+
+## Why is this bad?
+A peak is one number; the fix depends on which part it is made of.
+
+## Example
+as-is (zero3-offload): 5.1 GiB = gathered/prefetched params 2.1 GiB + KV cache 1.2 GiB + ...
+
+## Use instead
+Shrink the largest part: prefetch knobs for gathered params, batch or new tokens for the KV cache.
+""",
+        "zh": """\
+## 作用
+用 plan 的模型（按 trace 记录的模型配置、batch、prompt 和新 token 数）把每个 ab 变体实测的生成峰值拆成常驻权重、
+收集/预取的参数、KV cache、激活和 logits，plan 解释不了的部分作为余量列出。
+
+## 为什么不好？
+峰值只是一个数；怎么修取决于它由哪部分构成。
+
+## 示例
+as-is（zero3-offload）：5.1 GiB = 收集/预取的参数 2.1 GiB + KV cache 1.2 GiB + ……
+
+## 应该这样
+缩减最大的部分：收集的参数调预取参数，KV cache 调 batch 或新 token 数。
+""",
+    },
+)
+
+AB_VERDICT = rule(
+    "DSD346", "ab-verdict", "warning",
+    message={"en": "{verdict}", "zh": "{verdict_zh}"},
+    fix={"en": "{advice}", "zh": "{advice_zh}"},
+    explanation={
+        "en": """\
+## What it does
+Reads the ab variants side by side with the attribution (DSD345): a generate peak lower without
+offload_param means the parameter gather dominates; a peak made mostly of KV cache, activations and
+logits means the output buffers dominate; tokens/s or host memory collapsing with offload means the
+host-to-device copy is the bottleneck, with this machine's measured bandwidth (a calibrate profile) and
+what pin_memory changed when that variant ran.
+
+## Why is this bad?
+Each cause has a different fix; tuning prefetch does nothing for a KV-cache-bound peak.
+
+## Example
+`dsdoctor ab --variants as-is,no-offload-param,pin-memory-off -- deepspeed --num_gpus 2 infer.py`
+
+## Use instead
+The advice in the finding.
+""",
+        "zh": """\
+## 作用
+结合拆分（DSD345）并排比较 ab 各变体：去掉 offload_param 后生成峰值更低，说明参数收集占主导；峰值主要由
+KV cache、激活和 logits 构成，说明输出缓冲占主导；开启卸载后 tokens/s 或主机内存崩塌，说明主机到设备拷贝是
+瓶颈，并给出本机实测带宽（calibrate 的指标文件）以及 pin_memory 变体的效果。
+
+## 为什么不好？
+每种原因的修法不同；KV cache 造成的峰值，调预取参数毫无作用。
+
+## 示例
+`dsdoctor ab --variants as-is,no-offload-param,pin-memory-off -- deepspeed --num_gpus 2 infer.py`
+
+## 应该这样
+按发现中的建议处理。
+""",
+    },
+)

@@ -494,7 +494,8 @@ def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict,
 
 
 def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: bool = False,
-                  context_bytes: int | None = None, reserved_ratio: float | None = None) -> PathMemory | None:
+                  context_bytes: int | None = None, reserved_ratio: float | None = None,
+                  phases: tuple | None = None) -> PathMemory | None:
     """``reserved_ratio``: reserved = peak x ratio instead of replaying the allocator (what-fits searches
     reuse the ratio of the planned workload)."""
     """Memory of one load path; None when the path does not apply (tp on one GPU)."""
@@ -570,6 +571,8 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: 
     for phase, moments in (("prefill", first + warm), ("decode", decode)):
         for m in moments:
             candidates.append((phase, m, fixed + m.total))
+    if phases:  # e.g. ab reads a generate-only peak: ("prefill", "decode")
+        candidates = [c for c in candidates if c[0] in phases]
     phase, moment, peak = max(candidates, key=lambda c: c[2])
     if phase == "load":
         breakdown = {"weights_resident": resident, "load_transient": load_peak - resident}
