@@ -92,7 +92,7 @@ def test_plan_uses_the_given_profile(tmp_path):
     assert a.path("plain").gpu_peak_bytes == b.path("plain").gpu_peak_bytes
     assert b.path("zero3-offload").tokens_per_s > 1.5 * a.path("zero3-offload").tokens_per_s
     assert b.path("plain").tokens_per_s == a.path("plain").tokens_per_s
-    assert a.hardware["profile"]["calibrated_at"] == "2026-12-01T01:34:51Z"
+    assert a.hardware.profile["calibrated_at"] == "2026-12-01T01:34:51Z"
     assert "calibrated on 2026-12-01" in a.to_text()
     # the profile's CUDA context decides fits, not the default guess
     assert a.path("plain").gpu_outside_allocator_bytes == FIGS["context_bytes"]
@@ -103,7 +103,7 @@ def test_plan_uses_the_given_profile(tmp_path):
 
 def test_plan_without_profile_says_what_is_assumed():
     res = _plan()
-    assert res.hardware["profile"]["calibrated_at"] is None
+    assert res.hardware.profile["calibrated_at"] is None
     f = next(f for f in res.findings if f.code == "DSD205")
     assert "eager_layer_s" in f.message() and "dsdoctor calibrate" in f.message()
     assert "run `dsdoctor calibrate`" in res.to_text()

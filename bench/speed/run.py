@@ -1,7 +1,7 @@
 """bench/speed: calibrate this machine, then measure warm tokens/s, allocated and reserved peaks per case.
 
     python3 bench/speed/run.py OUT_DIR [--tiny] [--budget-s 420] [--only SUBSTR,...] [--no-calibrate]
-    python3 bench/speed/run.py OUT_DIR --reestimate RAW.jsonl --profile PROFILE.json [--set dev|holdout|all]
+    python3 bench/speed/run.py OUT_DIR --reestimate RUN.tar.gz|RAW.jsonl --profile PROFILE.json [--set dev|holdout|validation|all]
 
 A run writes OUT_DIR/profile.json (``dsdoctor calibrate --out``), OUT_DIR/raw.jsonl (one line per case,
 from case.py) and OUT_DIR/calibrate.log. Cases run one at a time, each in a fresh process (a fresh
@@ -94,7 +94,15 @@ def reestimate(raw_files, profile_path, which: str, out: Path):
     models_dir = write_models(out, MODELS)
     recs = {}
     for f in raw_files:
-        for line in Path(f).read_text().splitlines():
+        f = Path(f)
+        if f.name.endswith(".tar.gz"):  # a run's archive (bench/speed/runs/<run>.tar.gz)
+            import tarfile
+
+            with tarfile.open(f) as tar:
+                text = tar.extractfile("raw.jsonl").read().decode()
+        else:
+            text = f.read_text()
+        for line in text.splitlines():
             if line.strip():
                 r = json.loads(line)
                 recs[r["id"]] = r

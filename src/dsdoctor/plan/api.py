@@ -97,9 +97,11 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
          gpu_name: str | None = None, machine=None, alloc_conf: str | None = None) -> PlanResult:
-    """``machine``: a MachineProfile or a profile file (``dsdoctor calibrate --out``); by default the cached
-    profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
-    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment)."""
+    """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``machine``: a
+    MachineProfile or a profile file (``dsdoctor calibrate --out``); by default the cached profile of this
+    machine when one matches (only when ``detect``). ``alloc_conf``: the PYTORCH_CUDA_ALLOC_CONF the run will
+    use (default: this process's environment)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
@@ -123,7 +125,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         speed = estimate_speed(mem, shape, wl, hw, k, figures)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(**change):
+        def fits_with(name=name, k=k, **change):  # bound now: called within this iteration only
             other = dataclasses.replace(wl, **change)
             m = estimate_path(name, shape, other, hw, k, expandable=expandable, context_bytes=context,
                               reserved_ratio=mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1))
@@ -165,11 +167,9 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
-    hw_info = hw.to_dict()
-    hw_info["profile"] = profile_summary(profile, figures)
-    hw_info["alloc_conf"] = alloc_conf or None
-    return PlanResult(model_info, wl.to_dict(), hw_info, knobs.to_dict() if knobs else None, plans,
-                      recommendation, findings, weights_only)
+    hw.profile = profile_summary(profile, figures)
+    hw.alloc_conf = alloc_conf or None
+    return PlanResult(model_info, wl, hw, knobs, plans, recommendation, findings, weights_only)
 
 
 def resolve_profile(machine, detect: bool):
@@ -238,7 +238,8 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload, figures=None,
         host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
         out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
     if cp is not None and "gpu" in cp.limits:
-        out.append(Finding("DSD204", {"path": cp.name, "need": human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes),
+        need = human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes)
+        out.append(Finding("DSD204", {"path": cp.name, "need": need,
                                       "capacity": human_bytes(hw.gpu_memory),
                                       "recommended": chosen.name if chosen else "none"}))
     plain = by.get("plain")
