@@ -90,6 +90,12 @@ def reestimate(raw_files, profile_path, which: str, out: Path):
     from dsdoctor.calibrate.profile import load_profile
     from dsdoctor.plan.api import plan
 
+    if not profile_path and len(raw_files) == 1 and str(raw_files[0]).endswith(".tar.gz"):
+        import tarfile  # the run's own calibration, measured on the machine that ran the cases
+
+        with tarfile.open(raw_files[0]) as tar:
+            (out / "profile.json").write_bytes(tar.extractfile("profile.json").read())
+        profile_path = out / "profile.json"
     prof = load_profile(profile_path) if profile_path else None
     models_dir = write_models(out, MODELS)
     recs = {}
@@ -170,7 +176,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.reestimate:
         rows = reestimate(a.reestimate, a.profile, a.set, out)
-        md = table(rows, f"bench/speed, {a.set} cases, profile {a.profile}")
+        which = a.profile or "the run's own calibration (profile.json in the archive)"
+        md = table(rows, f"bench/speed, {a.set} cases, profile: {which}")
         (out / f"results-{a.set}.md").write_text(md)
         (out / f"results-{a.set}.json").write_text(json.dumps(rows, indent=1))
         print(md)
