@@ -5,8 +5,16 @@ import json
 
 import pytest
 
-from dsdoctor.calibrate.profile import (SCHEMA, MachineProfile, cache_path, find_profile, fingerprint, load_profile,
-                                        machine_description, save_profile)
+from dsdoctor.calibrate.profile import (
+    SCHEMA,
+    MachineProfile,
+    cache_path,
+    find_profile,
+    fingerprint,
+    load_profile,
+    machine_description,
+    save_profile,
+)
 from dsdoctor.errors import InputError
 from dsdoctor.plan.api import plan
 from tests.helpers import EXAMPLES, run_cli

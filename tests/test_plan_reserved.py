@@ -3,7 +3,7 @@ expandable segments) and what plan does with it (fits, DSD220)."""
 from __future__ import annotations
 
 from dsdoctor.plan.api import plan
-from dsdoctor.plan.reserved import (LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size)
+from dsdoctor.plan.reserved import LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size
 from tests.helpers import EXAMPLES
 
 MiB = 2**20

@@ -45,8 +45,6 @@ def measure(out: Path, cases, models_dir: Path, budget_s: float):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "4")
     raw = out / "raw.jsonl"
-    procs = []  # (case, Popen, go file)
-
     def spawn(c, n):
         go = out / f".go-{n}"
         e = dict(env)
@@ -139,23 +137,34 @@ def reestimate(raw_files, profile_path, which: str, out: Path):
     return rows
 
 
+def _gib(n):
+    return "-" if n is None else f"{n / 2**30:.2f}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:+.1f}%"
+
+
 def table(rows, title) -> str:
-    g = lambda n: "-" if n is None else f"{n / 2**30:.2f}"  # noqa: E731
-    lines = [f"### {title}\n", "| case | set | path | batch | prompt | new | tok/s meas | tok/s plan | error | "
-             "allocated meas/plan GiB | reserved meas | reserved plan | error |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"### {title}\n",
+             "| case | set | path | batch | prompt | new | tok/s meas | tok/s plan | error | "
+             "allocated meas/plan GiB | reserved meas | reserved plan | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         c = x["case"]
-        lines.append(f"| {c['model']}{' expandable' if c.get('expandable') else ''}{' unpinned' if not c.get('pin_memory', True) else ''} "
-                     f"| {x['set']} | {c['path']} | {c['batch']} | {c['prompt_len']} | {c['new_tokens']} | "
-                     f"{x['tok_meas']:.1f} | {x['tok_est']:.1f} | {x['tok_err']:+.1f}% | {g(x['alloc_meas'])}/{g(x['alloc_est'])} | "
-                     f"{g(x['res_meas'])} | {g(x['res_est'])} | {'-' if x['res_err'] is None else f'{x[chr(114)+chr(101)+chr(115)+chr(95)+chr(101)+chr(114)+chr(114)]:+.1f}%'} |")
+        name = c["model"] + (" expandable" if c.get("expandable") else "") \
+            + ("" if c.get("pin_memory", True) else " unpinned")
+        lines.append(f"| {name} | {x['set']} | {c['path']} | {c['batch']} | {c['prompt_len']} | {c['new_tokens']} | "
+                     f"{x['tok_meas']:.1f} | {x['tok_est']:.1f} | {_pct(x['tok_err'])} | "
+                     f"{_gib(x['alloc_meas'])}/{_gib(x['alloc_est'])} | {_gib(x['res_meas'])} | {_gib(x['res_est'])} | "
+                     f"{_pct(x['res_err'])} |")
     te = [abs(x["tok_err"]) for x in rows]
     re_ = [abs(x["res_err"]) for x in rows if x["res_err"] is not None]
     if te:
+        res = (f"median |error| {statistics.median(re_):.1f}%, worst {max(re_):.1f}%, "
+               f"within 10%: {sum(e <= 10 for e in re_)}/{len(re_)}") if re_ else "not measured"
         lines.append(f"\ntokens/s: median |error| {statistics.median(te):.1f}%, worst {max(te):.1f}%, "
-                     f"within 25%: {sum(e <= 25 for e in te)}/{len(te)}; reserved: median |error| "
-                     f"{statistics.median(re_) if re_ else float('nan'):.1f}%, worst {max(re_) if re_ else float('nan'):.1f}%, "
-                     f"within 10%: {sum(e <= 10 for e in re_)}/{len(re_)}")
+                     f"within 25%: {sum(e <= 25 for e in te)}/{len(te)}; reserved: {res}")
     return "\n".join(lines) + "\n"
 
 

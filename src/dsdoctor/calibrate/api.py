@@ -17,8 +17,14 @@ import time
 from dataclasses import dataclass
 from importlib import metadata
 
-from dsdoctor.calibrate.profile import (FIGURES, MachineProfile, cache_path, fingerprint, machine_description,
-                                        save_profile)
+from dsdoctor.calibrate.profile import (
+    FIGURES,
+    MachineProfile,
+    cache_path,
+    fingerprint,
+    machine_description,
+    save_profile,
+)
 from dsdoctor.errors import InputError
 from dsdoctor.units import human_bytes
 
@@ -201,7 +207,8 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
             for k in coll:
                 missing[k] = "one GPU: no collective to measure"
         else:
-            r = step(f"NCCL all-gather/all-reduce over {world} GPUs", lambda: _collectives(world, budget_s - (time.time() - start)),
+            r = step(f"NCCL all-gather/all-reduce over {world} GPUs",
+                     lambda: _collectives(world, budget_s - (time.time() - start)),
                      *coll, needs_s=10)
             if r:
                 big = str(max(int(k) for k in r["all_gather"]))

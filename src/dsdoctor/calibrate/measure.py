@@ -68,9 +68,9 @@ def transfer_bandwidths(size: int = 256 * MiB) -> dict:
         host = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
         host.fill_(1)
         kind = "pinned" if pinned else "pageable"
-        t = _median_time(lambda: dev.copy_(host, non_blocking=pinned), 5, _sync)
+        t = _median_time(lambda h=host, p=pinned: dev.copy_(h, non_blocking=p), 5, _sync)
         out[f"h2d_{kind}"] = size / t
-        t = _median_time(lambda: host.copy_(dev, non_blocking=False), 5, _sync)
+        t = _median_time(lambda h=host: h.copy_(dev, non_blocking=False), 5, _sync)
         out[f"d2h_{kind}"] = size / t
         del host
     small = torch.empty(4096, dtype=torch.uint8, pin_memory=True)
@@ -86,7 +86,7 @@ def hbm_bandwidth(size: int = 1024 * MiB) -> dict:
 
     a = torch.empty(size, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    t = _median_time(lambda: b.copy_(a), 10, _sync)
+    t = _median_time(lambda a=a, b=b: b.copy_(a), 10, _sync)
     copy_bw = 2 * size / t
     del a, b
     k, n = 8192, 28672  # one 8B-model MLP weight, 470 MB
@@ -94,7 +94,7 @@ def hbm_bandwidth(size: int = 1024 * MiB) -> dict:
     rates = {}
     for m in (1, 16, 64):
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        t = _median_time(lambda: torch.nn.functional.linear(x, w), 10, _sync)
+        t = _median_time(lambda x=x: torch.nn.functional.linear(x, w), 10, _sync)
         rates[m] = n * k * 2 / t
     return {"hbm_copy": copy_bw, "hbm_weight_read": rates[1], "weight_read_by_batch": rates}
 
@@ -108,7 +108,7 @@ def matmul_flops() -> dict:
                             "tokens_512_k4096_n4096": (512, 4096, 4096)}.items():
         a = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         b = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
-        t = _median_time(lambda: torch.nn.functional.linear(a, b), 10, _sync)
+        t = _median_time(lambda a=a, b=b: torch.nn.functional.linear(a, b), 10, _sync)
         out[name] = 2 * m * k * n / t
     return out
 
@@ -214,8 +214,8 @@ def zero3_hook_cost(offload: bool = False, layers: int = 4) -> dict:
     step under ``deepspeed.initialize`` (stage 3, no optimizer) minus the same model loaded plainly, per
     hooked module. With ``offload`` the bytes copied from the host are subtracted at the measured rate by
     the caller's model, not here: this is the time beyond plain."""
-    import torch
     import deepspeed
+    import torch
     import transformers.generation.utils  # noqa: F401  (a lazy import inside zero.Init breaks)
     from transformers import LlamaForCausalLM
 

@@ -40,9 +40,9 @@ def main(argv=None) -> int:
     for size in (64 * 1024, 4 * 2**20, 64 * 2**20, 256 * 2**20):
         out = torch.empty(size // 2, dtype=torch.bfloat16, device="cuda")
         shard = torch.empty(size // 2 // n, dtype=torch.bfloat16, device="cuda")
-        t = timed(lambda: dist.all_gather_into_tensor(out, shard), 10)
+        t = timed(lambda out=out, shard=shard: dist.all_gather_into_tensor(out, shard), 10)
         res["all_gather"][size] = {"s": t, "bus_bytes_per_s": size * (n - 1) / n / t}
-        t = timed(lambda: dist.all_reduce(out), 10)
+        t = timed(lambda out=out: dist.all_reduce(out), 10)
         res["all_reduce"][size] = {"s": t, "bus_bytes_per_s": 2 * size * (n - 1) / n / t}
     small = torch.empty(8192, dtype=torch.bfloat16, device="cuda")  # one decode step's (batch, hidden) at 1-2 seqs
     res["all_reduce_latency_s"] = timed(lambda: dist.all_reduce(small), 50)

@@ -115,7 +115,7 @@ class MachineProfile:
                 "measured": self.measured, "not_measured": self.not_measured}
 
     @classmethod
-    def from_dict(cls, d: dict, source: str | None = None) -> "MachineProfile":
+    def from_dict(cls, d: dict, source: str | None = None) -> MachineProfile:
         where = source or "machine profile"
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             raise InputError(f"{where}: not a dsdoctor machine profile (schema {SCHEMA!r} expected)",

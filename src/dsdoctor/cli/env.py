@@ -6,7 +6,8 @@ from dsdoctor.cli.common import add_command, emit
 def register(sub):
     p = add_command(
         sub, "env", "print versions and hardware for a bug report",
-        "  dsdoctor env\n  dsdoctor env --format markdown   # paste into a GitHub issue\n  dsdoctor env --format json --no-ops\n  dsdoctor env --calibrate   # also measure this machine for plan (about a minute)",
+        "  dsdoctor env\n  dsdoctor env --format markdown   # paste into a GitHub issue\n  dsdoctor env --format json --no-ops\n"
+        "  dsdoctor env --calibrate   # also measure this machine for plan (about a minute)",
     )
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     p.add_argument("--no-ops", action="store_true", help="skip asking DeepSpeed which ops can build (faster)")

@@ -10,11 +10,11 @@ import dataclasses
 import json
 import os
 
+from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import recommend as rec
-from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.hardware import make_hardware
@@ -125,10 +125,12 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         speed = estimate_speed(mem, shape, wl, hw, k, figures)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(name=name, k=k, **change):  # bound now: called within this iteration only
+        ratio = mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1)  # what-fits searches reuse it
+
+        def fits_with(name=name, k=k, ratio=ratio, **change):  # bound now: called within this iteration only
             other = dataclasses.replace(wl, **change)
             m = estimate_path(name, shape, other, hw, k, expandable=expandable, context_bytes=context,
-                              reserved_ratio=mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1))
+                              reserved_ratio=ratio)
             return _fits(m, hw)[0]
 
         max_ctx = (spec.max_position_embeddings or 131072) - wl.new_tokens

@@ -167,7 +167,6 @@ def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int
     h = shape.hidden
     q = math.ceil(shape.q_dim / tp)
     k = math.ceil(shape.kv_elems_per_token[layer] / 2 / tp)
-    i = math.ceil(shape.intermediate / tp)
     window = shape.kv_window[layer]
 
     def norm(x_bytes_per_tok, mod):
@@ -313,7 +312,7 @@ def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list)
                                                                    "gate_proj", "up_proj", "down_proj") else last)
         by_key.setdefault(key, []).extend(index[id(p)] for p in params)
         order.append(key)
-    for alias, owner in inv.tied:  # a tied lm_head gathers the embedding weight again
+    for _alias, owner in inv.tied:  # a tied lm_head gathers the embedding weight again
         emb = [index[id(p)] for p in inv.params if p.module == owner]
         by_key["<lm_head>"] = emb
         order.append("<lm_head>")
@@ -411,7 +410,6 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
         for n in numel_of:
             r.new(n * b)
     elif name == "tp":
-        from dsdoctor.plan.memory import _tp_share
 
         for p in inv.params:  # AutoTP copies each sliced weight to the GPU: its share
             r.new(p.numel * b / (tp if (p.kind == "linear" and p.layer is not None) or p.kind == "lm_head" else 1))
@@ -432,7 +430,7 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
     prefetch_on = [False]
     fetch, release, reset = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on)
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
-    for gen in range(2):
+    for _generate in range(2):  # the warm-up generate and the timed one
         kv: dict = {}
         steps = list(range(1, T))
         if len(steps) > 2 * DECODE_STEPS_REPLAYED:
