@@ -82,6 +82,10 @@ def test_training_config_traced_and_abd_unchanged(tmp_path):
     assert r.returncode == 1  # the as-is run's own findings count: DSD301 is an error
     assert "DSD301" in {f["code"] for f in data["findings"]}
     assert (out / "report.md").read_text().startswith("# dsdoctor ab")
+    # ab reads the peak: the as-is generate peak split into plan's parts for the recorded shape (CPU: host RSS)
+    attribution = next(f for f in data["findings"] if f["code"] == "DSD345")["message"]
+    assert "as-is (zero3-offload, host)" in attribution and "KV cache" in attribution and "unexplained" in attribution
+    assert by["as-is"]["shape"]["batch"] >= 1 and by["as-is"]["shape"]["model_config"]["model_type"] == "llama"
 
     # the as-is variant: what took effect, as DeepSpeed built it, rank by rank
     asis = json.loads((out / "as-is" / "report.json").read_text())

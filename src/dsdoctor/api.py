@@ -28,6 +28,12 @@ def explain(code, lang="en"):
     return run(code, lang)
 
 
+def calibrate(out=None, nvme_path=None, **kwargs):
+    """Measure this machine's figures and write its profile (see dsdoctor.calibrate.api.calibrate)."""
+    from dsdoctor.calibrate.api import calibrate as run
+    return run(out=out, nvme_path=nvme_path, **kwargs)
+
+
 def plan(model, **kwargs):
     """Predicted memory and speed of every load path, and the recommendation (see dsdoctor.plan.api.plan)."""
     from dsdoctor.plan.api import plan as run

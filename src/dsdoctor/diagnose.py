@@ -157,11 +157,11 @@ def _step_effective(config, model, gpus, lang) -> tuple[Step, object]:
 
 
 def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, new_tokens, dtype, tmp: Path,
-               lang) -> tuple[Step, object]:
+               lang, machine=None) -> tuple[Step, object]:
     from dsdoctor.plan.api import plan
 
     result = plan(model, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, dtype=dtype, gpus=gpus,
-                  gpu_memory=gpu_memory, host_memory=host_memory, config=config)
+                  gpu_memory=gpu_memory, host_memory=host_memory, config=config, machine=machine)
     rec = result.recommended
     artifacts = []
     try:
@@ -292,7 +292,7 @@ def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
 def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None, batch: int = 1,
              prompt_len: int = 512, new_tokens: int = 128, dtype: str | None = None, checkpoint=None,
              command: list[str] | None = None, out="dsdoctor-out", force: bool = False,
-             timeout: float | None = None, lang: str = "en") -> DiagnoseResult:
+             timeout: float | None = None, lang: str = "en", machine=None) -> DiagnoseResult:
     """Run the troubleshooting and write ``out/report.{md,html,json}`` plus the split inference config.
 
     Without ``config`` and ``model`` it runs on the bundled example (a ZeRO-3 offload training config reused
@@ -313,7 +313,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         steps.append(step)
         # plan before running anything: bad workload flags must fail before the user's command has run
         plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, batch, prompt_len,
-                                            new_tokens, dtype, tmp, lang)
+                                            new_tokens, dtype, tmp, lang, machine)
         if command:
             steps.append(_step_trace(command, tmp, timeout, lang))
         steps.append(plan_step)

@@ -83,6 +83,7 @@ RULE_MODULES = (
     "dsdoctor.trace.rules_init",
     "dsdoctor.checkpoint.rules",
     "dsdoctor.compare.rules",
+    "dsdoctor.calibrate.rules",
 )
 
 

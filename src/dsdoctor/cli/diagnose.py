@@ -35,6 +35,8 @@ def register(sub):
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
     add_dtype_flag(p, "weight dtype", default_text="the model's, else bf16")
+    p.add_argument("--machine", default=None, metavar="PROFILE",
+                   help="machine profile from dsdoctor calibrate --out (default: this machine's cached one)")
     p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")
     add_out_flag(p, "dsdoctor-out", "report directory")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
@@ -51,6 +53,6 @@ def run(args) -> int:
                       host_memory=args.host_memory, batch=args.batch, prompt_len=args.prompt_len,
                       new_tokens=args.new_tokens, dtype=args.dtype, checkpoint=args.checkpoint,
                       command=args.command or None, out=args.out, force=args.force, timeout=args.timeout,
-                      lang=lang_of(args))
+                      lang=lang_of(args), machine=args.machine)
     emit(result, args)
     return diagnose_exit_code(result, args.fail_on)

@@ -11,7 +11,7 @@ from dsdoctor._version import __version__
 from dsdoctor.errors import InputError
 
 # subcommand modules, in --help order; each has register(subparsers)
-COMMANDS = ("diagnose", "check", "split", "explain", "plan", "trace", "ab", "merge", "verify", "compare", "env")
+COMMANDS = ("diagnose", "check", "split", "explain", "plan", "trace", "ab", "merge", "verify", "compare", "calibrate", "env")
 
 EPILOG = """\
 examples:

@@ -9,6 +9,7 @@ EXAMPLES = """\
   dsdoctor plan --model ./Llama-3.1-70B --gpus 4 --gpu-memory 80GiB --format json
   dsdoctor plan --model ./qwen2/config.json --config ds_train.json --plot plan-out
   dsdoctor plan --model ./Llama-3.1-8B --lang zh --format markdown > plan.md
+  dsdoctor plan --model ./Llama-3.1-8B --machine h200.json   # speeds from a profile dsdoctor calibrate wrote
   dsdoctor plan --model ./Llama-2-7b --gpus 2 --batch 4 --new-tokens 32 --loop   # RLHF/GRPO rollouts"""
 
 
@@ -30,6 +31,10 @@ def register(sub):
     p.add_argument("--h2d-bandwidth", default=None, help="host-to-GPU bandwidth per second, e.g. 25GB (pinned)")
     p.add_argument("--gpu-name", default=None, help="GPU model for bandwidths, e.g. H100 (default: detected)")
     p.add_argument("--config", default=None, help="DeepSpeed config whose stage-3 knobs, offload and optimizer apply")
+    p.add_argument("--machine", default=None, metavar="PROFILE",
+                   help="machine profile from dsdoctor calibrate --out (default: this machine's cached one, if any)")
+    p.add_argument("--alloc-conf", default=None, metavar="CONF",
+                   help="PYTORCH_CUDA_ALLOC_CONF the run will use (default: this shell's), e.g. expandable_segments:True")
     p.add_argument("--counts", choices=("auto", "meta", "formula"), default="auto",
                    help="parameter counts: exact from the meta-device model (needs transformers) or formula")
     p.add_argument("--loop", action="store_true",
@@ -47,7 +52,7 @@ def run(args) -> int:
     result = plan(args.model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                   dtype=args.dtype, gpus=args.gpus, gpu_memory=args.gpu_memory, host_memory=args.host_memory,
                   h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name,
-                  loop=args.loop)
+                  machine=args.machine, alloc_conf=args.alloc_conf, loop=args.loop)
     if args.plot:
         from dsdoctor.plan.plot import write_plots
 

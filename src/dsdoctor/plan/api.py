@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 
+from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
@@ -28,8 +29,9 @@ from dsdoctor.plan.path_findings import path_findings
 from dsdoctor.plan.paths_tp import as_tp, estimate_split, parse_split, split_name, tp_splits
 from dsdoctor.plan.positions import hard_limit, position_limit
 from dsdoctor.plan.quant import QUANT_PATHS
+from dsdoctor.plan.reserved import fragmentation_findings
 from dsdoctor.plan.result import PathPlan, PlanResult, Recommendation
-from dsdoctor.plan.speed import UNPINNED_FACTOR, estimate_speed
+from dsdoctor.plan.speed import estimate_speed, figures_for
 from dsdoctor.plan.workload import Workload, make_workload
 from dsdoctor.units import human_bytes
 
@@ -123,17 +125,25 @@ def _largest(fits_at, low: int, high: int) -> int | None:
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None, loop: bool = False) -> PlanResult:
+         gpu_name: str | None = None, loop: bool = False, machine=None, alloc_conf: str | None = None) -> PlanResult:
     """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
     ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``loop``: the model trains
     and generates its own rollouts (RLHF/GRPO): training state and the training step counted on the ZeRO-3
     paths, the paths zero2 and zero3-gather-once added, the recommendation among training paths
-    (``plan/loop.py``)."""
+    (``plan/loop.py``). ``machine``: a MachineProfile or a profile file (``dsdoctor calibrate --out``); by
+    default the cached profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
+    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, hard)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
+    profile = resolve_profile(machine, detect)
+    figures = figures_for(hw, profile)
+    if alloc_conf is None:
+        alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    expandable = "expandable_segments:true" in alloc_conf.replace(" ", "").lower()
+    context = profile.get("context_bytes") if profile is not None else None
     knobs = load_knobs(config)
     config_path = config_path_of(knobs)
     shape = model_shape(spec, inv)
@@ -148,10 +158,11 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         k = _knobs_for(family, knobs, config_path)
         split = parse_split(name, hw.gpus) if family == "tp" else None
 
-        def estimate(w, name=name, k=k, split=split):
+        def estimate(w, name=name, k=k, split=split, ratio=None):
             if split is not None and name != "tp":
                 return estimate_split(split[0], split[1], shape, w, hw, k)
-            mem = estimate_path(name, shape, w, hw, k)
+            mem = estimate_path(name, shape, w, hw, k, expandable=expandable, context_bytes=context,
+                                reserved_ratio=ratio)
             return plan_loop.in_loop(name, mem, shape, w, k) if loop else mem
 
         mem = estimate(wl)
@@ -161,11 +172,13 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         methods = methods_for(kind, ckpt, wl.dtype, mem.ranks, mem.replicas, inv.num_params * wl.dtype_bytes,
                               largest_param)
         method, _ = apply_loading(mem, methods, hw.host_memory)
-        speed = estimate_speed(as_tp(mem) if family == "tp" else mem, shape, wl, hw, k)
+        speed = estimate_speed(as_tp(mem) if family == "tp" else mem, shape, wl, hw, k, figures)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(estimate=estimate, method=method, **change):  # bound now: called within this iteration only
-            m = estimate(dataclasses.replace(wl, **change))
+        ratio = mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1)  # what-fits searches reuse it
+
+        def fits_with(estimate=estimate, method=method, ratio=ratio, **change):  # bound now: this iteration only
+            m = estimate(dataclasses.replace(wl, **change), ratio=ratio)
             apply_loading(m, [method], hw.host_memory)
             return _fits(m, hw)[0]
 
@@ -183,6 +196,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             host_file_bytes=mem.host_file_bytes,
             loading_options=[m.to_dict() for m in methods],
             tp=split[0] if split else None,
+            fragmentation_bytes=getattr(mem, "fragmentation_bytes", 0), speed_terms=speed.terms,
         ))
 
     plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits)
@@ -201,24 +215,83 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
 
-    findings = _findings(plans, chosen, knobs, config_path, hw, wl)
+    findings = _findings(plans, chosen, knobs, config_path, hw, wl, figures, profile)
     findings += path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capability, ckpt)
     if loop:
         findings += plan_loop.findings(plans, chosen)
+    if not expandable:
+        def with_expandable(name):
+            try:
+                m = estimate_path(name, shape, wl, hw, _knobs_for(name, knobs, config_path), expandable=True,
+                                  context_bytes=context)
+            except Exception:  # noqa: BLE001 -- a path estimate_path does not know (tp groups, quantized)
+                return None
+            return m.gpu_reserved_bytes if m else None
+
+        findings += fragmentation_findings(plans, chosen, config_path, with_expandable)
+    findings += machine_findings(profile, machine)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
+    hw.profile = profile_summary(profile, figures)
+    hw.alloc_conf = alloc_conf or None
     return PlanResult(model_info, wl, hw, knobs, plans, recommendation, findings, weights_only)
 
 
-def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
+def resolve_profile(machine, detect: bool):
+    """The machine profile a plan uses: the one given, else this machine's cached one, else None."""
+    from dsdoctor.calibrate.profile import MachineProfile, find_profile, load_profile
+
+    if isinstance(machine, MachineProfile):
+        return machine
+    if machine is not None:
+        return load_profile(machine)
+    return find_profile() if detect else None
+
+
+def machine_findings(profile, machine) -> list[Finding]:
+    """DSD221 when a profile given explicitly was measured on other hardware than this machine's."""
+    if profile is None or machine is None:
+        return []
+    from dsdoctor.calibrate import rules as _  # noqa: F401  (registers DSD22x)
+    from dsdoctor.calibrate.profile import fingerprint, machine_description
+
+    here = machine_description()
+    if not here.get("gpus") or fingerprint(here) == profile.fingerprint:
+        return []  # no GPU here: planning for another machine is what --machine is for
+
+    def describe(m):
+        g = m.get("gpus") or []
+        return f"{len(g)} x {g[0]['name']}" if g else "no GPU"
+
+    return [Finding("DSD221", {"source": profile.source or "given", "profile_machine": describe(profile.machine),
+                               "date": profile.date, "this_machine": describe(here)})]
+
+
+def profile_summary(profile, figures) -> dict:
+    if profile is None:
+        return {"calibrated_at": None, "source": None, "assumed": figures.assumed}
+    return {"calibrated_at": profile.calibrated_at, "fingerprint": profile.fingerprint, "source": profile.source,
+            "assumed": figures.assumed}
+
+
+def _findings(plans, chosen, knobs, config_path, hw, wl: Workload, figures=None, profile=None) -> list[Finding]:
     out: list[Finding] = []
     by = {p.name: p for p in plans}
-    if hw.assumed:
-        out.append(Finding("DSD205", {"assumed": ", ".join(hw.assumed)}))
+    assumed = list(hw.assumed)
+    if profile is not None:  # what the profile measured is no longer assumed
+        if "h2d_pinned" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("h2d_bandwidth")]
+        if "hbm_weight_read" in profile.measured and "matmul_flops" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("bandwidths of")]
+    if figures is not None and figures.assumed:
+        assumed.append("speed figures " + ", ".join(figures.assumed)
+                       + (" (run dsdoctor calibrate)" if profile is None else " (not in the machine profile)"))
+    if assumed:
+        out.append(Finding("DSD205", {"assumed": "; ".join(assumed)}))
     if chosen is None and plans:
         smallest = min(plans, key=lambda p: (p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes))
         out.append(Finding("DSD202", {
@@ -246,6 +319,7 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
                                       "config_path": cp.name}))
     if config_path == "zero3-offload" and not knobs.offload_param_pin_memory and cp is not None:
         pinned = cp.host_breakdown.get("offloaded_params", 0)
+        factor = figures.h2d_pinned / figures.h2d_pageable if figures is not None else 1 / 0.35
         out.append(Finding("DSD206", {"moved": human_bytes(cp.host_breakdown.get("offloaded_params", 0) / max(cp.ranks, 1)),
-                                      "slowdown": f"{1 / UNPINNED_FACTOR:.1f}", "pinned": human_bytes(pinned * 2)}))
+                                      "slowdown": f"{factor:.1f}", "pinned": human_bytes(pinned * 2)}))
     return out

@@ -48,6 +48,8 @@ class Hardware:
     gpu_name: str | None = None
     detected: list = field(default_factory=list)  # what was read from the machine
     assumed: list = field(default_factory=list)  # what was neither given nor detected
+    profile: dict | None = None  # the machine profile plan used: calibrated_at, source, figures still assumed
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF the plan assumed
 
     def to_dict(self) -> dict:
         return asdict(self)

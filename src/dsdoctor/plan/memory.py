@@ -421,6 +421,7 @@ class PathMemory:
     resident_weight_bytes: int
     gathered_bytes_per_step: int  # weights a decode step must bring in (gather or host copy), per rank
     notes: list = field(default_factory=list)
+    fragmentation_bytes: int = 0
 
 
 def _pow2(n: int) -> int:
@@ -493,7 +494,11 @@ def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict,
     return gpu, host, notes
 
 
-def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemory | None:
+def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: bool = False,
+                  context_bytes: int | None = None, reserved_ratio: float | None = None,
+                  phases: tuple | None = None) -> PathMemory | None:
+    """``reserved_ratio``: reserved = peak x ratio instead of replaying the allocator (what-fits searches
+    reuse the ratio of the planned workload)."""
     """Memory of one load path; None when the path does not apply (tp on one GPU)."""
     inv = shape.inventory
     b = wl.dtype_bytes
@@ -567,6 +572,8 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
     for phase, moments in (("prefill", first + warm), ("decode", decode)):
         for m in moments:
             candidates.append((phase, m, fixed + m.total))
+    if phases:  # e.g. ab reads a generate-only peak: ("prefill", "decode")
+        candidates = [c for c in candidates if c[0] in phases]
     phase, moment, peak = max(candidates, key=lambda c: c[2])
     if phase == "load":
         breakdown = {"weights_resident": resident, "load_transient": load_peak - resident}
@@ -582,10 +589,17 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
         peak += value
     breakdown = {k: int(v) for k, v in breakdown.items() if v}
     peak = int(peak)
-    # the caching allocator keeps freed blocks: the largest transient activation stays reserved
-    slack = max((m.act for m in warm), default=0) * 0.25 + 64 * MiB
-    reserved = int(peak + slack)
-    outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 else 0)
+    # what the caching allocator reserves for that allocated peak (plan/reserved.py)
+    from dsdoctor.plan.reserved import reserved_for
+
+    if reserved_ratio is not None:
+        reserved = int(peak * reserved_ratio)
+    else:
+        reserved = reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable,
+                                training_bytes=sum(t_gpu.values()), tp=tp)
+    # deepspeed.initialize needs a process group: ZeRO-3 holds NCCL's buffers on one rank too (measured on one
+    # H200: 1.25 GiB outside the allocator under ZeRO-3 vs 0.68 GiB plain, bench/speed run 1)
+    outside = (context_bytes if context_bytes is not None else CUDA_CONTEXT) + (NCCL_BUFFERS if world > 1 or zero3 else 0)
 
     # host, all ranks of the machine together
     host: dict[str, int] = {}
@@ -617,4 +631,4 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None) -> PathMemor
     if zero3 and world == 1 and not offload:
         notes.append("ZeRO-3 on one rank shards nothing: every parameter stays whole on the GPU")
     return PathMemory(name, world, replicas, peak, reserved, outside, int(host_peak), phase, breakdown, host,
-                      int(resident), int(gathered_per_step), notes)
+                      int(resident), int(gathered_per_step), notes, max(reserved - peak, 0))

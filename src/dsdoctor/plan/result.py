@@ -60,6 +60,7 @@ TEXT = {
               "zh": "模型 {model_type}：{params} 参数（{counted_by}），仅权重 {weights}\n"},
     "workload": {"en": "workload: batch {batch} per rank, prompt {prompt_len}, {new_tokens} new tokens, {dtype}\n",
                  "zh": "负载：每 rank batch {batch}，prompt {prompt_len}，新 token {new_tokens}，{dtype}\n"},
+    "machine": {"en": "machine figures: {figures}\n", "zh": "机器指标：{figures}\n"},
     "hardware": {"en": "hardware: {gpus} x {gpu_memory} GPU, host {host_memory}\n",
                  "zh": "硬件：{gpus} x {gpu_memory} GPU，主机 {host_memory}\n"},
     "breakdown": {"en": "per-GPU peak breakdown:", "zh": "每卡峰值构成："},
@@ -105,6 +106,8 @@ class PathPlan:
     estimate: bool = False  # modelled, not yet measured on a GPU
     code: str | None = field(default=None, repr=False)  # the path's own code (estimate paths)
     ds_config: dict | None = field(default=None, repr=False)
+    fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
+    speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
 
     def to_dict(self) -> dict:
         return {
@@ -119,6 +122,7 @@ class PathPlan:
             "loading": self.loading, "host_file_bytes": self.host_file_bytes,
             "loading_options": self.loading_options, "tp": self.tp,
             "estimate": self.estimate,
+            "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
         }
 
 
@@ -171,6 +175,17 @@ class PlanResult:
             ))
         return pick(TEXT["head"], lang), rows
 
+    def _calibration(self, lang: str) -> str:
+        prof = getattr(self.hardware, "profile", None) or {}
+        when = prof.get("calibrated_at")
+        if when:
+            src = f" ({prof['source']})" if prof.get("source") else ""
+            rest = prof.get("assumed") or []
+            tail = ("; assumed: " + ", ".join(rest)) if rest and lang == "en" else ("；假定：" + ", ".join(rest)) if rest else ""
+            return (f"calibrated on {when[:10]}{src}{tail}" if lang == "en" else f"校准于 {when[:10]}{src}{tail}")
+        return ("assumed, not measured (run `dsdoctor calibrate` on this machine)" if lang == "en"
+                else "假定值，未测量（在本机运行 `dsdoctor calibrate`）")
+
     def _header(self, lang: str) -> str:
         m, w, h = self.model, self.workload, self.hardware
         return (pick(TEXT["model"], lang).format(model_type=m["model_type"], params=human_count(m["num_params"]),
@@ -179,7 +194,8 @@ class PlanResult:
                 + pick(TEXT["workload"], lang).format(batch=w.batch, prompt_len=w.prompt_len,
                                                       new_tokens=w.new_tokens, dtype=w.dtype)
                 + pick(TEXT["hardware"], lang).format(gpus=h.gpus, gpu_memory=human_bytes(h.gpu_memory),
-                                                      host_memory=human_bytes(h.host_memory)))
+                                                      host_memory=human_bytes(h.host_memory))
+                + pick(TEXT["machine"], lang).format(figures=self._calibration(lang)))
 
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []

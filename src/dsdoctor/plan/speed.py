@@ -1,29 +1,91 @@
-"""Expected generation speed per load path: bandwidth bounds plus the per-module cost of eager PyTorch
-and of ZeRO-3's hooks.
+"""Expected generation speed per load path, from the machine's measured figures.
 
-A decode step must read every resident weight and the KV cache from HBM; ZeRO-3 must also all-gather
-every non-persistent parameter from the other ranks, and with offload copy each rank's shard from host
-memory (or NVMe) first. Gathers overlap compute only partly, so the slowest stream bounds the step.
-Bandwidths come with stated efficiencies; two per-call latencies are calibrated (below); ``bench/plan``
-measures the result.
+One ``generate`` of ``new_tokens`` = one prefill forward over the prompt + (new_tokens - 1) decode steps.
+Every term is a count derived from the model and the path (bytes, FLOPs, modules, calls) times a figure of
+the machine: measured by ``dsdoctor calibrate`` when a profile is at hand, else assumed (and then listed,
+DSD205). No constant here is fitted to a benchmark case.
+
+decode step = eager per-token work + layers x eager per-layer work (both measured at the batch, on a tiny
+              model, so they are launch and Python cost)
+            + max(weight bytes / HBM read rate, matmul FLOPs / matmul rate) + KV-cache bytes / HBM read rate
+            + ZeRO-3: hooked modules x hook cost; gathers over the other ranks at the all-gather bus bandwidth
+              plus its latency per gathered module; with offload, this rank's shard bytes / host-to-device
+              (pinned or pageable, as configured)
+            + tp: 2 all-reduces per layer at the measured AutoTP all-reduce latency
+prefill     = the same overheads once + linear FLOPs (logits of the last position only) / matmul rate,
+              bounded below by the weight read + causal attention FLOPs / SDPA rate + the elementwise
+              traffic of the layer (norms, rotary, residuals, the gated MLP) / HBM rate.
+The terms add: eager PyTorch waits for the host between launches often enough (generate synchronizes every
+step) that host and device time do not overlap much; bench/speed measures how true that is.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+# Assumed figures, used only where no profile gives a measured one (and then named in DSD205). They are
+# the previous release's generic values: datasheet bandwidths x efficiency, and the 2 x H200 host's latencies.
+ASSUMED = {
+    "eager_layer_s": 0.5e-3,
+    "eager_token_s": 3e-3,
+    "zero3_module_s": 0.38e-3,
+    "zero3_offload_module_s": 0.38e-3,
+    "autotp_allreduce_s": 0.4e-3,
+    "allgather_latency_s": 50e-6,
+    "h2d_latency_s": 10e-6,
+    "pageable_factor": 0.35,  # pageable / pinned host-to-device
+}
 HBM_EFFICIENCY = 0.8
 LINK_EFFICIENCY = 0.7
-UNPINNED_FACTOR = 0.35  # pageable host memory is staged through a pinned bounce buffer
-EAGER_LAYER_SECONDS = 0.5e-3  # kernel launches of one decoder layer in eager PyTorch
-STEP_SECONDS = 3e-3  # generate's per-token Python work
-# Two latencies are calibrated, one H200 case each (bench/plan, 2 x H200 host; they are host-CPU bound, so
-# another machine will differ): ZeRO-3's fetch/release hooks per module, from llama-3b ZeRO-3 on one GPU
-# (nothing to gather: the hooks are the whole difference to plain), and one AutoTP all-reduce through
-# deepspeed.comm, from llama-8b tp on 2 GPUs at batch 1. They were 60 and 40 microseconds (guesses), which
-# made ZeRO-3 and tp 1.6-3.7x too fast; BENCHMARKS.md has the other 14 cases against them.
-ZERO3_MODULE_SECONDS = 0.38e-3
-ALLREDUCE_SECONDS = 0.4e-3
-PREFILL_MFU = 0.4
+PREFILL_MFU = 0.6
+UNPINNED_FACTOR = ASSUMED["pageable_factor"]
+
+
+@dataclass
+class Figures:
+    """The machine figures one estimate uses, and which of them were assumed."""
+    hbm_read: float
+    matmul_flops: float
+    attention_flops: float
+    h2d_pinned: float
+    h2d_pageable: float
+    allgather_bus_bw: float
+    nvme_read: float
+    values: dict = field(default_factory=dict)
+    assumed: list = field(default_factory=list)
+
+    def get(self, name: str) -> float:
+        return self.values[name]
+
+
+def figures_for(hw, profile=None) -> Figures:
+    """Measured figures from ``profile`` where it has them, the hardware table's (x efficiency) otherwise."""
+    prof = profile.measured if profile is not None else {}
+    assumed: list = []
+
+    def pick(name, fallback, label=None):
+        if name in prof:
+            return prof[name]
+        assumed.append(label or name)
+        return fallback
+
+    multi = hw.gpus > 1
+    collective = ("autotp_allreduce_s", "allgather_latency_s")
+    values = {k: (pick(k, v) if multi or k not in collective else prof.get(k, v))
+              for k, v in ASSUMED.items() if k != "pageable_factor"}
+    for kind in ("layer", "token"):  # the batch dependence: measured at 16 and 64 when profiled
+        for b in (16, 64):
+            key = f"eager_{kind}_s_b{b}"
+            values[key] = prof.get(key, values[f"eager_{kind}_s"])
+    hbm = pick("hbm_weight_read", hw.hbm_bandwidth * HBM_EFFICIENCY)
+    mm = pick("matmul_flops", hw.flops * PREFILL_MFU)
+    att = pick("attention_flops", hw.flops * PREFILL_MFU * 0.7)
+    pinned = prof.get("h2d_pinned") or hw.h2d_bandwidth * LINK_EFFICIENCY
+    if "h2d_pinned" not in prof and "h2d_bandwidth" not in getattr(hw, "given", ()):
+        assumed.append("h2d_pinned")
+    pageable = pick("h2d_pageable", pinned * ASSUMED["pageable_factor"])
+    ag = pick("allgather_bus_bw", hw.gpu_gpu_bandwidth * LINK_EFFICIENCY) if hw.gpus > 1 else hw.gpu_gpu_bandwidth
+    nvme = pick("nvme_read", hw.nvme_bandwidth, "nvme_read") if profile is not None else hw.nvme_bandwidth
+    return Figures(hbm, mm, att, pinned, pageable, ag, nvme, values, assumed)
 
 
 @dataclass
@@ -32,46 +94,116 @@ class Speed:
     prefill_s: float
     tokens_per_s: float  # per rank: new tokens of its batch per second, prefill included
     decode_tokens_per_s: float
-    bound: str  # hbm | gather | host-to-device | nvme | overhead
+    bound: str  # hbm | gather | host-to-device | nvme | overhead | compute
+    terms: dict = field(default_factory=dict)  # decode-step seconds by term
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def estimate_speed(mem, shape, wl, hw, knobs=None) -> Speed:
-    b = wl.dtype_bytes
+def _by_batch(v: dict, kind: str, batch: int) -> float:
+    """The eager figure at ``batch``: linear in log2(batch) between the measured batches 1, 16, 64."""
+    import math
+
+    pts = [(1, v[f"eager_{kind}_s"]), (16, v[f"eager_{kind}_s_b16"]), (64, v[f"eager_{kind}_s_b64"])]
+    if batch >= 64:
+        return pts[-1][1]
+    for (b0, y0), (b1, y1) in zip(pts, pts[1:]):
+        if batch <= b1:
+            w = (math.log2(batch) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
+            return y0 + w * (y1 - y0)
+    return pts[-1][1]
+
+
+def _hooked_modules(shape) -> int:
+    """Modules whose forward ZeRO-3 hooks (fetch before, release after): those owning parameters plus the
+    containers that run a forward: per layer the layer, attention, MLP and activation; the root, the
+    decoder and the rotary embedding."""
+    return len(shape.inventory.modules()) + shape.layers * 4 + 3
+
+
+def _linear_params(shape) -> tuple[int, int, int]:
+    """(decoder linear elements, lm_head elements, embedding elements)."""
     inv = shape.inventory
-    weights = inv.num_params * b
-    n = mem.ranks if mem.name != "plain" else 1
-    avg_len = wl.prompt_len + wl.new_tokens / 2
-    kv_read = 0
-    for elems in shape.kv_elems_per_token:
-        kv_read += wl.batch * avg_len * elems * b / (n if mem.name == "tp" else 1)
-    hbm = hw.hbm_bandwidth * HBM_EFFICIENCY
-    read = (weights / n if mem.name == "tp" else weights) + kv_read
-    t_hbm = read / hbm
-    modules = len(inv.modules())
-    overhead = STEP_SECONDS + shape.layers * EAGER_LAYER_SECONDS
-    streams = {"hbm": t_hbm}
+    lin = sum(p.numel for p in inv.params if p.kind == "linear" and p.layer is not None)
+    emb = sum(p.numel for p in inv.params if p.kind == "embedding")
+    head = sum(p.numel for p in inv.params if p.kind == "lm_head")
+    if not head and inv.tied:
+        head = emb
+    return lin, head, emb
+
+
+def _elementwise_bytes_per_token(shape, b: int, tp: int) -> float:
+    """Bytes the non-matmul ops of one decoder layer move per token (reads + writes), from the Llama layer's
+    code: two RMSNorms in float32 (cast, square, mean, scale, cast back, weight: ~12 passes of 2-4 bytes),
+    rotary on q and k (4 tensors each), two residual adds, act(gate) * up."""
+    h = shape.hidden
+    q = shape.q_dim / tp
+    k = shape.kv_elems_per_token[0] / 2 / tp
+    i = shape.intermediate / tp
+    norms = 2 * (h * (b + 4 + 4 + 4 + 4 + b) + h * 2 * b)
+    rotary = (q + k) * b * 5
+    residual = 2 * 3 * h * b
+    mlp = 5 * i * b if shape.gated_mlp else 2 * i * b
+    return norms + rotary + residual + mlp
+
+
+def estimate_speed(mem, shape, wl, hw, knobs=None, figures: Figures | None = None) -> Speed:
+    f = figures or figures_for(hw)
+    v = f.values
+    b = wl.dtype_bytes
+    B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
+    tp = mem.ranks if mem.name == "tp" else 1
+    lin, head, emb = _linear_params(shape)
+    other = shape.inventory.num_params - lin - head - (emb if head != emb or not shape.inventory.tied else 0)
+    per_rank_lin = lin / tp
+    read = (per_rank_lin + head / tp + max(other, 0)) * b  # the embedding is looked up, not read whole
+    avg_ctx = S + T / 2
+    kv_read = 0.0
+    for elems, window in zip(shape.kv_elems_per_token, shape.kv_window):
+        kept = min(avg_ctx, window) if window else avg_ctx
+        kv_read += B * kept * elems * b / tp
+
+    layer_s = _by_batch(v, "layer", B)
+    token_s = _by_batch(v, "token", B)
+    overhead = token_s + shape.layers * layer_s
+    terms = {"eager": overhead}
+    weights_t = max(read / f.hbm_read, 2 * (per_rank_lin + head / tp) * B / f.matmul_flops)
+    terms["weights"] = weights_t
+    terms["kv_cache"] = kv_read / f.hbm_read
+    streams = {}
     if mem.name == "tp":
-        overhead += shape.layers * 2 * ALLREDUCE_SECONDS
+        terms["allreduce"] = shape.layers * 2 * v["autotp_allreduce_s"]
     if mem.name.startswith("zero3"):
-        containers = shape.layers * 4 + 3
-        overhead += (modules + containers) * ZERO3_MODULE_SECONDS
+        offload = mem.name != "zero3"
+        modules = _hooked_modules(shape)
+        terms["zero3_hooks"] = modules * v["zero3_offload_module_s" if offload else "zero3_module_s"]
         moved = mem.gathered_bytes_per_step
         if mem.ranks > 1:
-            streams["gather"] = moved * (mem.ranks - 1) / mem.ranks / (hw.gpu_gpu_bandwidth * LINK_EFFICIENCY)
+            gathered_modules = len(shape.inventory.modules())
+            streams["gather"] = moved * (mem.ranks - 1) / mem.ranks / f.allgather_bus_bw \
+                + gathered_modules * v["allgather_latency_s"]
         if mem.name == "zero3-offload":
             pinned = knobs.offload_param_pin_memory if knobs is not None and knobs.offload_param else True
-            h2d = hw.h2d_bandwidth * LINK_EFFICIENCY * (1 if pinned else UNPINNED_FACTOR)
-            streams["host-to-device"] = moved / mem.ranks / h2d
+            streams["host-to-device"] = moved / mem.ranks / (f.h2d_pinned if pinned else f.h2d_pageable)
         if mem.name == "zero3-offload-nvme":
-            streams["nvme"] = moved / mem.ranks / hw.nvme_bandwidth
-    bound, slowest = max(streams.items(), key=lambda kv: kv[1])
-    step = slowest + overhead
-    if overhead > slowest:
-        bound = "overhead"
-    flops = 2 * inv.num_params * wl.batch * wl.prompt_len / (n if mem.name == "tp" else 1)
-    prefill = flops / (hw.flops * PREFILL_MFU) + step
-    total = prefill + max(wl.new_tokens - 1, 0) * step
-    return Speed(step, prefill, wl.batch * wl.new_tokens / total, wl.batch / step, bound)
+            streams["nvme"] = moved / mem.ranks / f.nvme_read
+    terms.update(streams)
+    step = sum(terms.values())
+    bound = max(("hbm", terms["weights"] + terms["kv_cache"]), ("overhead", step - terms["weights"] - terms["kv_cache"]
+                                                                 - sum(streams.values())),
+                *streams.items(), key=lambda kv: kv[1])[0]
+
+    # prefill: one forward over B x S tokens; logits for the last position only
+    M = B * S
+    mm = 2 * per_rank_lin * M / f.matmul_flops
+    mm = max(mm, per_rank_lin * b / f.hbm_read) + max(2 * head / tp * B / f.matmul_flops, head / tp * b / f.hbm_read)
+    att = 0.0
+    for window in shape.kv_window:
+        ctx = min(S, window) if window else S
+        att += 4 * B * S * ctx * shape.q_dim / tp / (2 if ctx == S else 1) / f.attention_flops
+    elementwise = shape.layers * M * _elementwise_bytes_per_token(shape, b, tp) / f.hbm_read
+    prefill = (mm + att + elementwise + terms["eager"] + terms.get("allreduce", 0.0) + terms.get("zero3_hooks", 0.0)
+               + sum(streams.values()))
+    total = prefill + max(T - 1, 0) * step
+    return Speed(step, prefill, B * T / total, B / step, bound, {k: round(x, 6) for k, x in terms.items()})

@@ -38,6 +38,7 @@ class VariantResult:
     # these, so that how the script happens to load the model (e.g. built whole on the GPU) does not decide.
     generate_peak_gpu_bytes: int | None = None
     generate_peak_host_bytes: int | None = None
+    shape: dict | None = None  # model config, workload, ranks and path the trace recorded (ab_verdict)
 
     @classmethod
     def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> VariantResult:
@@ -49,8 +50,11 @@ class VariantResult:
         gen = [p for r in t.ranks for p in r.phases if p.get("name") == "generate"]
         gen_gpu = max((p["peak_gpu_allocated_bytes"] for p in gen if p.get("peak_gpu_allocated_bytes")), default=None)
         gen_host = max((p["peak_host_bytes"] for p in gen if p.get("peak_host_bytes")), default=None)
+        from dsdoctor.trace.ab_verdict import shape_of
+
         return cls(name, description, t.status, t.peak_gpu_bytes, t.peak_host_bytes, t.tokens_per_s, t.wall_s,
-                   t.returncode, offload, stopped, [f.code for f in t.findings], report, gen_gpu, gen_host)
+                   t.returncode, offload, stopped, [f.code for f in t.findings], report, gen_gpu, gen_host,
+                   shape_of(t))
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -188,4 +192,16 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
     out += gather_once_diagnosis(variants, gpu)
     if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD332") for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
+    from dsdoctor.trace.ab_verdict import findings as verdict_findings
+
+    out += verdict_findings(variants, _machine_profile())
     return sort_findings(out)
+
+
+def _machine_profile():
+    try:
+        from dsdoctor.calibrate.profile import find_profile
+
+        return find_profile()
+    except Exception:  # noqa: BLE001 -- the verdict stands without measured bandwidths
+        return None

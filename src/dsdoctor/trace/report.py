@@ -197,7 +197,8 @@ def _phase_dict(p: PhaseRecord) -> dict:
         "gpu_used_device_bytes": p.gpu_used_device, "peak_host_bytes": p.peak_host_rss,
         "host_rss_start": p.host_rss_start, "host_rss_end": p.host_rss_end, "pinned_host_bytes": p.pinned_host_bytes,
         "new_tokens": p.new_tokens, "tokens_per_s": p.tokens_per_s, "error": p.error,
-        "synced_gpus": p.info.get("synced_gpus"),
+        "synced_gpus": p.info.get("synced_gpus"), "batch": p.info.get("batch"),
+        "prompt_len": p.info.get("prompt_len"), "model_config": p.info.get("model_config"),
     }
 
 

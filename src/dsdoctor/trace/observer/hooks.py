@@ -437,6 +437,9 @@ def _patch_generation(gu):
             if inputs is not None:
                 info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
             info.update(loop.generate_info(self))
+            cfg_text = self.config.to_json_string(use_diff=False)  # for ab's reading of the peak (plan's shape)
+            if len(cfg_text) < 50_000:
+                info["model_config"] = json.loads(cfg_text)
         except Exception:
             pass
         gather = None

@@ -1,0 +1,180 @@
+"""The machine profile ``dsdoctor calibrate`` writes and ``plan``/``diagnose`` read: measured figures of one
+machine, keyed by a fingerprint of its hardware. Torch-free (``plan`` must not import torch).
+
+Schema (``"schema": "dsdoctor-machine-profile/1"``):
+  fingerprint   sha256 prefix of the hardware description below (what a cache file is named by)
+  machine       cpu_model, cpu_count, host_memory_gib, gpus: [{name, memory_mib}]
+  software      torch, transformers, deepspeed, cuda (information, not part of the fingerprint)
+  calibrated_at ISO-8601 UTC; duration_s
+  measured      figure name -> number (bytes/s, seconds, FLOP/s, bytes); see FIGURES
+  not_measured  figure name -> why (no GPU, one GPU, no nvme_path, DeepSpeed missing, ...)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsdoctor.errors import InputError
+from dsdoctor.machine import meminfo, nvidia_smi_gpus
+
+SCHEMA = "dsdoctor-machine-profile/1"
+
+# figure -> (unit, what it is). Every figure the speed and memory models read.
+FIGURES = {
+    "h2d_pinned": ("B/s", "host-to-device copy from pinned memory"),
+    "h2d_pageable": ("B/s", "host-to-device copy from pageable memory"),
+    "d2h_pinned": ("B/s", "device-to-host copy to pinned memory"),
+    "d2h_pageable": ("B/s", "device-to-host copy to pageable memory"),
+    "h2d_latency_s": ("s", "one small pinned host-to-device copy"),
+    "hbm_copy": ("B/s", "device memory copy (read + write)"),
+    "hbm_weight_read": ("B/s", "weight bytes read per second by a batch-1 matmul (decode)"),
+    "matmul_flops": ("FLOP/s", "bf16 matmul, prefill-like shape"),
+    "matmul_flops_square": ("FLOP/s", "bf16 matmul 8192^3"),
+    "attention_flops": ("FLOP/s", "causal SDPA at a prefill shape"),
+    "eager_layer_s": ("s", "eager decoder layer, batch 1, negligible arithmetic"),
+    "eager_token_s": ("s", "generate's per-token work outside the layers, batch 1"),
+    "eager_layer_s_b16": ("s", "eager decoder layer at batch 16"),
+    "eager_layer_s_b64": ("s", "eager decoder layer at batch 64"),
+    "eager_token_s_b16": ("s", "generate's per-token work at batch 16"),
+    "eager_token_s_b64": ("s", "generate's per-token work at batch 64"),
+    "zero3_module_s": ("s", "ZeRO-3 fetch/release hooks per module and forward, one GPU"),
+    "zero3_offload_module_s": ("s", "the same with offload_param (pinned), beyond the bytes copied"),
+    "allgather_bus_bw": ("B/s", "NCCL all-gather bus bandwidth, large messages"),
+    "allgather_latency_s": ("s", "NCCL all-gather of a small message"),
+    "allreduce_bus_bw": ("B/s", "NCCL all-reduce bus bandwidth, large messages"),
+    "allreduce_latency_s": ("s", "NCCL all-reduce of a small message"),
+    "autotp_allreduce_s": ("s", "deepspeed.comm inference all-reduce of one decode step's hidden states"),
+    "nvme_read": ("B/s", "sequential read of a file under nvme_path"),
+    "context_bytes": ("B", "device memory used outside the caching allocator (CUDA context, cuBLAS)"),
+    "host_memcpy": ("B/s", "host memory copy"),
+    "cpu_matmul_flops": ("FLOP/s", "fp32 matmul on the CPU"),
+}
+
+
+def machine_description(gpus=None) -> dict:
+    """What the fingerprint hashes: hardware only, read without torch."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if gpus is None:
+        gpus = [{"name": g.name, "memory_mib": g.total_bytes // 2**20} for g in nvidia_smi_gpus(respect_visible=False)]
+    mem = meminfo().get("MemTotal", 0)
+    return {"cpu_model": cpu, "cpu_count": os.cpu_count(), "host_memory_gib": round(mem / 2**30), "gpus": gpus}
+
+
+def fingerprint(machine: dict) -> str:
+    text = json.dumps({k: machine.get(k) for k in ("cpu_model", "cpu_count", "host_memory_gib", "gpus")},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("DSDOCTOR_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "dsdoctor" if xdg else Path.home() / ".cache" / "dsdoctor"
+
+
+def cache_path(fp: str) -> Path:
+    return cache_dir() / f"machine-{fp}.json"
+
+
+@dataclass
+class MachineProfile:
+    fingerprint: str
+    machine: dict
+    calibrated_at: str
+    measured: dict
+    not_measured: dict = field(default_factory=dict)
+    software: dict = field(default_factory=dict)
+    duration_s: float | None = None
+    source: str | None = None  # the file it was read from
+
+    def get(self, name: str, default=None):
+        v = self.measured.get(name)
+        return default if v is None else v
+
+    @property
+    def date(self) -> str:
+        return (self.calibrated_at or "")[:10]
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "fingerprint": self.fingerprint, "machine": self.machine,
+                "software": self.software, "calibrated_at": self.calibrated_at, "duration_s": self.duration_s,
+                "measured": self.measured, "not_measured": self.not_measured}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str | None = None) -> MachineProfile:
+        where = source or "machine profile"
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise InputError(f"{where}: not a dsdoctor machine profile (schema {SCHEMA!r} expected)",
+                             hint="write one with: dsdoctor calibrate --out FILE")
+        measured = d.get("measured")
+        if not isinstance(measured, dict):
+            raise InputError(f"{where}: 'measured' must be an object of figures")
+        clean = {}
+        for k, v in measured.items():
+            if k not in FIGURES:
+                continue  # a newer dsdoctor's figure: ignore, do not fail
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
+                raise InputError(f"{where}: measured.{k} must be a non-negative number, not {v!r}")
+            clean[k] = float(v)
+        not_measured = d.get("not_measured") or {}
+        if not isinstance(not_measured, dict):
+            raise InputError(f"{where}: 'not_measured' must be an object")
+        machine = d.get("machine") or {}
+        if not isinstance(machine, dict):
+            raise InputError(f"{where}: 'machine' must be an object")
+        fp = d.get("fingerprint") or fingerprint(machine)
+        return cls(str(fp), machine, str(d.get("calibrated_at") or ""), clean,
+                   {str(k): str(v) for k, v in not_measured.items()}, d.get("software") or {}, d.get("duration_s"),
+                   source)
+
+
+def load_profile(path) -> MachineProfile:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read machine profile: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{p}: machine profile is not valid JSON: {exc}") from None
+    return MachineProfile.from_dict(data, str(p))
+
+
+def save_profile(profile: MachineProfile, path) -> Path:
+    """Write atomically (a temporary file renamed), so a reader never sees half a profile."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def find_profile(machine: dict | None = None) -> MachineProfile | None:
+    """The cached profile of this machine (same fingerprint), or None."""
+    fp = fingerprint(machine or machine_description())
+    p = cache_path(fp)
+    if not p.is_file():
+        return None
+    try:
+        prof = load_profile(p)
+    except InputError:
+        return None  # a broken cache file is as good as none; calibrate rewrites it
+    return prof if prof.fingerprint == fp else None

@@ -1,0 +1,482 @@
+"""Reserved GPU memory: what PyTorch's CUDA caching allocator holds for one run, the real OOM line.
+
+``torch.cuda.max_memory_allocated`` (plan's peak) counts live tensors; the allocator reserves more. It
+rounds requests (to 512 bytes; segments of 2 MiB for requests up to 1 MiB, 20 MiB for requests under
+10 MiB, larger ones rounded to 2 MiB), serves a request from the smallest cached free block that fits,
+splits it (large pool: when more than 1 MiB would remain), merges neighbours when freed, and asks CUDA for
+a new segment when no free block fits (``c10/cuda/CUDACachingAllocator.cpp``). Under ZeRO-3 a forward
+allocates and frees every gathered parameter while the KV cache and activations, which live longer, land
+in the holes; the next large gather then finds no hole big enough and a new segment is reserved. With
+``expandable_segments:True`` a pool is one segment that grows by mapping 2 MiB pages, so a new request
+can extend the free block at its end instead of taking a new segment.
+
+This module replays the allocation sequence of the run plan models (load, then two generates: the
+warm-up and the timed one; per forward: embeddings, each decoder layer's ops as transformers' Llama-style
+layer runs them, the KV cache's ``torch.cat``, the logits and their float32 copies; ZeRO-3 gathers and
+releases as in ``memory.gather_points``) through a model of that allocator, and returns the peak
+reserved bytes. Decode steps are replayed for the first and last few tokens of each generate (the rest
+repeat them with a slightly longer cache).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+from dsdoctor.findings import Finding
+
+KiB, MiB = 1024, 1024**2
+SMALL_REQUEST = 1 * MiB  # kSmallSize
+SMALL_SEGMENT = 2 * MiB  # kSmallBuffer
+LARGE_SEGMENT = 20 * MiB  # kLargeBuffer
+MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc
+ROUND_LARGE = 2 * MiB  # kRoundLarge
+PAGE = 2 * MiB  # expandable segments map 2 MiB pages
+DECODE_STEPS_REPLAYED = 2  # first and last decode steps of each generate
+FRAGMENTATION_FINDING = 0.15
+# ZeRO-3 gathers on its own stream (overlap_comm defaults to true at stage 3): the caching allocator keys
+# free blocks by stream, so gathered parameters and the main stream's tensors never share a block
+GATHER_STREAM = 1
+
+
+def round_size(n: int) -> int:
+    return 512 if n < 512 else 512 * math.ceil(n / 512)
+
+
+def segment_size(n: int) -> int:
+    if n <= SMALL_REQUEST:
+        return SMALL_SEGMENT
+    if n < MIN_LARGE_ALLOC:
+        return LARGE_SEGMENT
+    return ROUND_LARGE * math.ceil(n / ROUND_LARGE)
+
+
+class Allocator:
+    """The caching allocator's block bookkeeping (no release to CUDA: the GPU is never full here).
+
+    Free blocks of a pool (small/large, per stream) sit in a list sorted by (size, segment, address), so a
+    best-fit lookup is one bisection, as the allocator's own ordered set does."""
+
+    def __init__(self, expandable: bool = False):
+        self.expandable = expandable
+        self.free: dict = {}  # (small pool, stream) -> sorted [(size, segment, addr)]
+        self.free_at: dict = {}  # (segment, addr) -> size, free blocks
+        self.free_end: dict = {}  # (segment, end address) -> addr, free blocks
+        self.live: dict = {}  # id -> (pool key, segment, addr, size)
+        self.seg_end: dict = {}
+        self.reserved = 0
+        self.peak_reserved = 0
+        self.allocated = 0
+        self.peak_allocated = 0
+        self._next_seg = 0
+        self._grow: dict = {}  # expandable: the one segment per pool
+
+    def _add_free(self, pool, seg, addr, size):
+        bisect.insort(pool, (size, seg, addr))
+        self.free_at[(seg, addr)] = size
+        self.free_end[(seg, addr + size)] = addr
+
+    def _del_free(self, pool, seg, addr):
+        size = self.free_at.pop((seg, addr))
+        del self.free_end[(seg, addr + size)]
+        i = bisect.bisect_left(pool, (size, seg, addr))
+        del pool[i]
+        return size
+
+    def _new_segment(self, size: int) -> int:
+        seg = self._next_seg
+        self._next_seg += 1
+        self.seg_end[seg] = size
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return seg
+
+    def malloc(self, tid: int, nbytes: int, stream: int = 0) -> None:
+        size = round_size(nbytes)
+        small = size <= SMALL_REQUEST
+        key = (small, stream)
+        pool = self.free.setdefault(key, [])
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i < len(pool):
+            bsize, seg, addr = pool[i]
+        elif self.expandable:
+            seg = self._grow.get(key)
+            if seg is None:
+                seg = self._grow[key] = self._new_segment(0)
+            end = self.seg_end[seg]
+            tail = self.free_end.get((seg, end))
+            have = self._del_free(pool, seg, tail) if tail is not None else 0
+            grow = PAGE * math.ceil((size - have) / PAGE)
+            self.seg_end[seg] = end + grow
+            self.reserved += grow
+            self.peak_reserved = max(self.peak_reserved, self.reserved)
+            addr = tail if tail is not None else end
+            self._add_free(pool, seg, addr, have + grow)
+            bsize = have + grow
+        else:
+            seg = self._new_segment(segment_size(size))
+            addr, bsize = 0, self.seg_end[seg]
+            self._add_free(pool, seg, addr, bsize)
+        self._del_free(pool, seg, addr)
+        rest = bsize - size
+        if rest >= (512 if small else SMALL_REQUEST + 1):
+            self._add_free(pool, seg, addr + size, rest)
+        else:
+            size = bsize
+        self.live[tid] = (key, seg, addr, size)
+        self.allocated += size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def release(self, tid: int) -> None:
+        got = self.live.pop(tid, None)
+        if got is None:
+            return
+        key, seg, addr, size = got
+        self.allocated -= size
+        pool = self.free[key]
+        if (seg, addr + size) in self.free_at:  # merge with the next free block
+            size += self._del_free(pool, seg, addr + size)
+        prev = self.free_end.get((seg, addr))
+        if prev is not None:  # and with the previous one
+            size += self._del_free(pool, seg, prev)
+            addr = prev
+        self._add_free(pool, seg, addr, size)
+
+
+class _Run:
+    """Issues the run's allocations: ids, and names for what must be freed later."""
+
+    def __init__(self, alloc: Allocator):
+        self.a = alloc
+        self.n = 0
+
+    def new(self, nbytes, stream: int = 0) -> int:
+        self.n += 1
+        if nbytes > 0:
+            self.a.malloc(self.n, int(nbytes), stream)
+        return self.n
+
+    def free(self, *tids) -> None:
+        for t in tids:
+            if t is not None:
+                self.a.release(t)
+
+
+def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int, batch: int, ctx: int,
+                   fetch, release, prefill: bool):
+    """One Llama-style decoder layer over ``n`` tokens (batch x new positions), as transformers runs it."""
+    h = shape.hidden
+    q = math.ceil(shape.q_dim / tp)
+    k = math.ceil(shape.kv_elems_per_token[layer] / 2 / tp)
+    window = shape.kv_window[layer]
+
+    def norm(x_bytes_per_tok, mod):
+        fetch(mod)
+        a1 = r.new(n * h * 4)  # hidden_states.to(float32)
+        a2 = r.new(n * h * 4)  # * rsqrt(variance)
+        r.free(a1)
+        a3 = r.new(n * h * 2)  # .to(bf16)
+        r.free(a2)
+        out = r.new(n * h * 2)  # weight * x
+        r.free(a3)
+        release(mod)
+        return out
+
+    x = norm(h, "input_layernorm")
+    outs = {}
+    for name, width in (("q_proj", q), ("k_proj", k), ("v_proj", k)):
+        fetch(name)
+        outs[name] = r.new(n * width * b)
+        release(name)
+    r.free(x)
+    # rotary on q and k: x*cos, rotate_half(x), *sin, sum
+    for name, width in (("q_proj", q), ("k_proj", k)):
+        t1 = r.new(n * width * b)
+        t2 = r.new(n * width * b)
+        t3 = r.new(n * width * b)
+        r.free(t2)
+        t4 = r.new(n * width * b)
+        r.free(t1, t3, outs[name])
+        outs[name] = t4
+    # the cache: the first update keeps the tensors; later ones concatenate
+    for name in ("k_proj", "v_proj"):
+        old = kv.get((layer, name))
+        if old is None or prefill:
+            r.free(old)
+            kv[(layer, name)] = outs[name]
+        else:
+            kept = min(ctx, window - 1) if window else ctx
+            new = r.new(batch * kept * k * b)
+            r.free(old, outs[name])
+            kv[(layer, name)] = new
+    attn = r.new(n * q * b)  # SDPA output
+    r.free(outs["q_proj"])
+    cont = r.new(n * q * b)  # transpose(1, 2).contiguous()
+    r.free(attn)
+    fetch("o_proj")
+    o = r.new(n * h * b)
+    release("o_proj")
+    r.free(cont)
+    return o
+
+
+def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv: dict, fetch, release,
+             prefill: bool, logits_f32: bool = True):
+    n = batch * new
+    h = shape.hidden
+    fetch("<embed>")
+    emb = r.new(n * h * b)
+    release("<embed>")
+    cos, sin = r.new(n * shape.head_dim * b), r.new(n * shape.head_dim * b)
+    hidden = emb
+    for layer in range(shape.layers):
+        fetch(("<layer>", layer))
+        o = _decoder_layer(r, shape, n, b, tp, kv, layer, batch, ctx, lambda m, L=layer: fetch((L, m)),
+                           lambda m, L=layer: release((L, m)), prefill)
+        h1 = r.new(n * h * b)  # residual + attention
+        r.free(o)
+        fetch((layer, "post_attention_layernorm"))
+        a1 = r.new(n * h * 4)
+        a2 = r.new(n * h * 4)
+        r.free(a1)
+        a3 = r.new(n * h * 2)
+        r.free(a2)
+        x = r.new(n * h * 2)
+        r.free(a3)
+        release((layer, "post_attention_layernorm"))
+        i = math.ceil(shape.intermediate / tp)
+        if shape.gated_mlp:
+            fetch((layer, "gate_proj"))
+            g = r.new(n * i * b)
+            release((layer, "gate_proj"))
+            act = r.new(n * i * b)
+            r.free(g)
+            fetch((layer, "up_proj"))
+            u = r.new(n * i * b)
+            release((layer, "up_proj"))
+            m = r.new(n * i * b)
+            r.free(act, u)
+        else:
+            fetch((layer, "up_proj"))
+            u = r.new(n * i * b)
+            release((layer, "up_proj"))
+            m = r.new(n * i * b)
+            r.free(u)
+        r.free(x)
+        fetch((layer, "down_proj"))
+        d = r.new(n * h * b)
+        release((layer, "down_proj"))
+        r.free(m)
+        h2 = r.new(n * h * b)
+        r.free(d, h1)
+        release(("<layer>", layer))
+        if hidden is not emb:
+            r.free(hidden)
+        hidden = h2
+    fetch("<norm>")
+    a1 = r.new(n * h * 4)
+    a2 = r.new(n * h * 4)
+    r.free(a1)
+    a3 = r.new(n * h * 2)
+    r.free(a2)
+    x = r.new(n * h * 2)
+    r.free(a3, hidden)
+    release("<norm>")
+    keep = batch if shape.logits_to_keep else n
+    fetch("<lm_head>")
+    logits = r.new(keep * shape.vocab * b)
+    release("<lm_head>")
+    r.free(x, emb, cos, sin)
+    f32 = r.new(batch * shape.vocab * 4)  # generate: next-token logits to float32
+    r.free(logits)
+    proc = r.new(batch * shape.vocab * 4)  # a logits processor's result
+    r.free(f32, proc)
+
+
+def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list):
+    """fetch/release callbacks that allocate whole parameters as ZeRO-3 gathers them (none when nothing
+    is gathered: one rank without offload keeps whole parameters)."""
+    inv = shape.inventory
+    index = {id(p): k for k, p in enumerate(inv.params)}
+    by_key: dict = {}
+    order: list = []
+    for name, params in inv.modules():
+        layer = params[0].layer
+        last = name.rsplit(".", 1)[-1]
+        if layer is None:
+            key = "<embed>" if params[0].kind == "embedding" else "<lm_head>" if params[0].kind == "lm_head" else "<norm>"
+        else:
+            from dsdoctor.plan.memory import _step_kind
+
+            key = (layer, _step_kind(name) if _step_kind(name) in ("input_layernorm", "post_attention_layernorm",
+                                                                   "q_proj", "k_proj", "v_proj", "o_proj",
+                                                                   "gate_proj", "up_proj", "down_proj") else last)
+        by_key.setdefault(key, []).extend(index[id(p)] for p in params)
+        order.append(key)
+    for _alias, owner in inv.tied:  # a tied lm_head gathers the embedding weight again
+        emb = [index[id(p)] for p in inv.params if p.module == owner]
+        by_key["<lm_head>"] = emb
+        order.append("<lm_head>")
+    gather = g.zero3 and (g.world > 1 or g.offload)
+    persistent = {k for k, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
+    whole: dict[int, int] = {}  # param -> tensor id of its whole copy
+    held: set = set()  # persistent params already fetched
+    flat: dict[int, tuple] = {}  # param -> (flat id, group members)
+    pos = {"i": 0}
+    queue = [(key, p) for key in order for p in by_key.get(key, ()) if p not in persistent]
+
+    def size(p):
+        return (math.ceil(numel_of[p] / g.world) * g.world if g.world > 1 else numel_of[p]) * b
+
+    def launch(params):
+        if len(params) == 1 or g.world == 1:
+            for p in params:
+                if g.offload and g.world > 1:
+                    st = r.new(math.ceil(numel_of[p] / g.world) * b, GATHER_STREAM)
+                    whole[p] = r.new(size(p), GATHER_STREAM)
+                    r.free(st)
+                else:
+                    whole[p] = r.new(size(p), GATHER_STREAM)
+        else:
+            if g.offload:
+                staged = [r.new(math.ceil(numel_of[p] / g.world) * b, GATHER_STREAM) for p in params]
+            fid = r.new(sum(size(p) for p in params), GATHER_STREAM)
+            if g.offload:
+                r.free(*staged)
+            members = set(params)
+            for p in params:
+                flat[p] = (fid, members)
+
+    def use(p):
+        got = flat.pop(p, None)
+        if got is None:
+            return
+        fid, members = got
+        for q in list(members):
+            if q in flat or q == p:
+                whole[q] = r.new(numel_of[q] * b, GATHER_STREAM)
+        members.discard(p)
+        if not any(flat.get(q, (None,))[0] == fid for q in members):
+            r.free(fid)
+
+    def fetch(key):
+        if not gather:
+            return
+        need = [p for p in by_key.get(key, ()) if p not in held]
+        for p in need:
+            if p in persistent:
+                held.add(p)
+                whole[p] = r.new(numel_of[p] * b, GATHER_STREAM)
+        need = [p for p in need if p not in persistent]
+        launch([p for p in need if p not in whole and p not in flat])
+        for p in need:
+            use(p)
+        while pos["i"] < len(queue) and queue[pos["i"]][0] != key:
+            pos["i"] += 1
+        while pos["i"] < len(queue) and queue[pos["i"]][0] == key:
+            pos["i"] += 1
+        if prefetch_on[0]:
+            chosen, numel = [], 0
+            j = pos["i"]
+            while j < len(queue) and numel < min(g.prefetch_bucket, g.max_live):
+                _, p = queue[j]
+                j += 1
+                if p not in whole and p not in flat and p not in chosen:
+                    chosen.append(p)
+                    numel += numel_of[p]
+            launch(chosen)
+
+    def release(key):
+        if not gather:
+            return
+        for p in by_key.get(key, ()):
+            if p in persistent or p not in whole:
+                continue
+            r.free(whole.pop(p))
+
+    def reset():
+        pos["i"] = 0
+
+    return fetch, release, reset
+
+
+def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, tp: int = 1,
+             training_bytes: int = 0) -> Allocator:
+    a = Allocator(expandable)
+    r = _Run(a)
+    b = wl.dtype_bytes
+    inv = shape.inventory
+    # load
+    if name == "plain":
+        for n in numel_of:
+            r.new(n * b)
+    elif name == "tp":
+
+        for p in inv.params:  # AutoTP copies each sliced weight to the GPU: its share
+            r.new(p.numel * b / (tp if (p.kind == "linear" and p.layer is not None) or p.kind == "lm_head" else 1))
+    else:
+        untied = [p.numel for alias, owner in inv.tied for p in inv.params if p.module == owner]
+        extra = []
+        for k, n in enumerate(numel_of + untied):
+            full = r.new(n * b)
+            if not g.offload:
+                shard = r.new(math.ceil(n / g.world) * b)
+                if k >= len(numel_of):
+                    extra.append(shard)
+            r.free(full)
+        r.free(*extra)  # post_init ties the output layer: its own shard goes
+    if training_bytes:
+        r.new(training_bytes)
+    r.new(32 * MiB)  # cuBLAS workspace, at the first matmul
+    prefetch_on = [False]
+    fetch, release, reset = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on)
+    B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
+    for _generate in range(2):  # the warm-up generate and the timed one
+        kv: dict = {}
+        steps = list(range(1, T))
+        if len(steps) > 2 * DECODE_STEPS_REPLAYED:
+            steps = steps[:DECODE_STEPS_REPLAYED] + steps[-DECODE_STEPS_REPLAYED:]
+        reset()
+        _forward(r, shape, B, S, S, b, tp, kv, fetch, release, prefill=True)
+        prefetch_on[0] = True  # from the second forward on, ZeRO-3 prefetches along the recorded trace
+        for t in steps:
+            reset()
+            _forward(r, shape, B, 1, S + t, b, tp, kv, fetch, release, prefill=False)
+        for tid in list(kv.values()):
+            r.free(tid)
+    return a
+
+
+_CACHE: dict = {}
+
+
+def reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable, training_bytes=0, tp=1) -> int:
+    """Peak reserved bytes for a run whose allocated peak plan puts at ``peak``: the simulated allocator's
+    reserved peak, scaled by how far its own allocated peak is from plan's exact one."""
+    key = (id(shape), name, wl, g, expandable, training_bytes, tp)
+    if key not in _CACHE:
+        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes)
+        _CACHE[key] = (a.peak_reserved, a.peak_allocated)
+        if len(_CACHE) > 256:
+            _CACHE.pop(next(iter(_CACHE)))
+    res, alloc = _CACHE[key]
+    slack = max(res - alloc, 0)  # what fragmentation and rounding add beyond the simulated live peak
+    return int(max(peak + slack, peak))
+
+
+def fragmentation_findings(plans, chosen, config_path, with_expandable=None) -> list:
+    """DSD220 for the config's path and the recommended one, when reserved exceeds allocated by more than
+    15%. ``with_expandable(name)``: the reserved bytes of that path under expandable segments."""
+    from dsdoctor.units import human_bytes
+
+    out = []
+    for p in plans:
+        if p.name not in (config_path, chosen.name if chosen else None):
+            continue
+        frag = p.gpu_reserved_bytes - p.gpu_peak_bytes
+        if p.gpu_peak_bytes and frag > FRAGMENTATION_FINDING * p.gpu_peak_bytes:
+            exp = with_expandable(p.name) if with_expandable else None
+            out.append(Finding("DSD220", {"path": p.name, "reserved": human_bytes(p.gpu_reserved_bytes),
+                                          "allocated": human_bytes(p.gpu_peak_bytes),
+                                          "pct": f"{100 * frag / p.gpu_peak_bytes:.0f}",
+                                          "reserved_expandable": human_bytes(exp) if exp else "-"}))
+    return out
