@@ -72,6 +72,10 @@ TEXT = {
     "recommended": {"en": "recommended", "zh": "推荐"},
     "title": {"en": "# dsdoctor plan\n\n", "zh": "# dsdoctor 加载方案\n\n"},
     "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},
+    "calibrated": {"en": "calibrated on {when}", "zh": "校准于 {when}"},
+    "assumed some": {"en": "; assumed: ", "zh": "；假定："},
+    "not calibrated": {"en": "assumed, not measured (run `dsdoctor calibrate` on this machine)",
+                       "zh": "假定值，未测量（在本机运行 `dsdoctor calibrate`）"},
 }
 
 
@@ -181,10 +185,9 @@ class PlanResult:
         if when:
             src = f" ({prof['source']})" if prof.get("source") else ""
             rest = prof.get("assumed") or []
-            tail = ("; assumed: " + ", ".join(rest)) if rest and lang == "en" else ("；假定：" + ", ".join(rest)) if rest else ""
-            return (f"calibrated on {when[:10]}{src}{tail}" if lang == "en" else f"校准于 {when[:10]}{src}{tail}")
-        return ("assumed, not measured (run `dsdoctor calibrate` on this machine)" if lang == "en"
-                else "假定值，未测量（在本机运行 `dsdoctor calibrate`）")
+            tail = pick(TEXT["assumed some"], lang) + ", ".join(rest) if rest else ""
+            return pick(TEXT["calibrated"], lang).format(when=when[:10]) + src + tail
+        return pick(TEXT["not calibrated"], lang)
 
     def _header(self, lang: str) -> str:
         m, w, h = self.model, self.workload, self.hardware

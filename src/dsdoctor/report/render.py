@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.i18n import pick
 
 FORMATS = ("text", "json", "markdown")
 
@@ -53,28 +54,36 @@ class Result(Protocol):
     def to_markdown(self, lang: str = "en") -> str: ...
 
 
+# the words around the findings, per language
+TEXT = {
+    "no findings": {"en": "no findings", "zh": "没有发现问题"},
+    "details": {"en": "details: dsdoctor explain CODE", "zh": "详细说明: dsdoctor explain CODE"},
+    "no findings markdown": {"en": "No findings.", "zh": "没有发现问题。"},
+    "head markdown": {"en": ("Code", "Severity", "Finding", "Fix"), "zh": ("代码", "级别", "问题", "修复")},
+}
+
+
 def to_json(data) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
 
 
 def findings_text(findings: list[Finding], lang: str, style: Style) -> str:
     if not findings:
-        return f"{style.ok} " + ("no findings" if lang == "en" else "没有发现问题") + "\n"
+        return f"{style.ok} " + pick(TEXT["no findings"], lang) + "\n"
     lines = []
     for f in sort_findings(findings):
         sev = f.effective_severity
         glyph = getattr(style, sev)
         lines.append(f"{glyph} {f.code} [{sev}] {f.message(lang)}")
         lines.append(f"    {style.arrow} {f.fix(lang)}")
-    hint = "details: dsdoctor explain CODE" if lang == "en" else "详细说明: dsdoctor explain CODE"
-    lines.append(hint)
+    lines.append(pick(TEXT["details"], lang))
     return "\n".join(lines) + "\n"
 
 
 def findings_markdown(findings: list[Finding], lang: str) -> str:
     if not findings:
-        return "_" + ("No findings." if lang == "en" else "没有发现问题。") + "_\n"
-    head = ("Code", "Severity", "Finding", "Fix") if lang == "en" else ("代码", "级别", "问题", "修复")
+        return "_" + pick(TEXT["no findings markdown"], lang) + "_\n"
+    head = pick(TEXT["head markdown"], lang)
     rows = [(f.code, f.effective_severity, f.message(lang), f.fix(lang)) for f in sort_findings(findings)]
     return markdown_table(head, rows)
 
