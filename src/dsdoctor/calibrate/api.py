@@ -26,9 +26,19 @@ from dsdoctor.calibrate.profile import (
     save_profile,
 )
 from dsdoctor.errors import InputError
+from dsdoctor.i18n import pick
 from dsdoctor.units import human_bytes
 
 BUDGET_S = 60.0
+
+# the words of the rendered calibration, per language
+TEXT = {
+    "head": {"en": "machine {fingerprint}: {gpus} x {gpu}, {cpu}; calibrated on {when} in {seconds} s\n",
+             "zh": "机器 {fingerprint}：{gpus} x {gpu}，{cpu}；校准于 {when}，用时 {seconds} 秒\n"},
+    "no gpu": {"en": "no GPU", "zh": "无 GPU"},
+    "cols": {"en": ("figure", "value", "what"), "zh": ("指标", "数值", "含义")},
+    "wrote": {"en": "wrote ", "zh": "已写入 "},
+}
 
 
 def _version(name):
@@ -65,15 +75,13 @@ class CalibrateResult:
 
         p = self.profile
         gpus = p.machine.get("gpus") or []
-        head = (f"machine {p.fingerprint}: {len(gpus)} x {gpus[0]['name'] if gpus else 'no GPU'}, "
-                f"{p.machine.get('cpu_model') or 'CPU'}; calibrated on {p.calibrated_at} in {p.duration_s:.0f} s\n"
-                if lang == "en" else
-                f"机器 {p.fingerprint}：{len(gpus)} x {gpus[0]['name'] if gpus else '无 GPU'}，"
-                f"{p.machine.get('cpu_model') or 'CPU'}；校准于 {p.calibrated_at}，用时 {p.duration_s:.0f} 秒\n")
-        cols = ("figure", "value", "what") if lang == "en" else ("指标", "数值", "含义")
+        head = pick(TEXT["head"], lang).format(
+            fingerprint=p.fingerprint, gpus=len(gpus), gpu=gpus[0]["name"] if gpus else pick(TEXT["no gpu"], lang),
+            cpu=p.machine.get("cpu_model") or "CPU", when=p.calibrated_at, seconds=f"{p.duration_s:.0f}")
+        cols = pick(TEXT["cols"], lang)
         out = [head, text_table(cols, list(self._rows()))]
         for w in self.written:
-            out.append(("wrote " if lang == "en" else "已写入 ") + str(w) + "\n")
+            out.append(pick(TEXT["wrote"], lang) + str(w) + "\n")
         return "".join(out)
 
     def to_markdown(self, lang: str = "en") -> str:
