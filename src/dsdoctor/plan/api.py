@@ -162,7 +162,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             if split is not None and name != "tp":
                 return estimate_split(split[0], split[1], shape, w, hw, k)
             mem = estimate_path(name, shape, w, hw, k, expandable=expandable, context_bytes=context,
-                                reserved_ratio=ratio)
+                                reserved_ratio=ratio, built_from_config=not ckpt.seen)
             return plan_loop.in_loop(name, mem, shape, w, k) if loop else mem
 
         mem = estimate(wl)
