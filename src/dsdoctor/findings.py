@@ -12,7 +12,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, one_line
 from dsdoctor.i18n import pick
 
 SEVERITIES = ("info", "warning", "error")  # ascending
@@ -92,10 +92,11 @@ class Finding:
         return self.severity or self.rule.severity
 
     def message(self, lang: str = "en") -> str:
-        return pick(self.rule.message, lang).format_map(_Values(self.values))
+        # values come from untrusted files: one line, control characters escaped
+        return one_line(pick(self.rule.message, lang).format_map(_Values(self.values)))
 
     def fix(self, lang: str = "en") -> str:
-        return pick(self.rule.fix, lang).format_map(_Values(self.values))
+        return one_line(pick(self.rule.fix, lang).format_map(_Values(self.values)))
 
     def to_dict(self, lang: str = "en") -> dict:
         return {

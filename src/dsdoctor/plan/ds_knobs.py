@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from dsdoctor import inputs
 from dsdoctor.errors import InputError
 
 PREFETCH_BUCKET = 50_000_000
@@ -135,12 +136,7 @@ def knobs_from_ds_config(raw: dict, source: str | None = None) -> DsKnobs:
 
 
 def _read_config_file(path: str) -> dict:
-    try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=path) from None
-    except UnicodeDecodeError:
-        raise InputError("is not UTF-8 text", path=path) from None
+    text = inputs.read_text(path, "DeepSpeed config file")  # regular files only, bounded size
     try:
         import hjson  # DeepSpeed parses configs with hjson
 
@@ -154,6 +150,7 @@ def _read_config_file(path: str) -> dict:
         raise
     except Exception as exc:  # hjson.HjsonDecodeError
         raise InputError(f"invalid config: {exc}", path=path) from None
+    inputs.check_tree(data, path)
     return json.loads(json.dumps(data))
 
 
