@@ -39,6 +39,8 @@ def register(sub):
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up on a load path after S seconds")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="on the CPU accelerator, allow more ranks than usable CPU cores (refused by default)")
     add_output_flags(p)
     p.set_defaults(func=run)
 
@@ -50,7 +52,7 @@ def run(args) -> int:
     result = compare(
         args.model_dir, args.model_dir_b, paths=paths, gpus=args.gpus, prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, force=args.force,
-        timeout=args.timeout, progress=None if args.quiet else log,
+        timeout=args.timeout, progress=None if args.quiet else log, oversubscribe=args.oversubscribe,
     )
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

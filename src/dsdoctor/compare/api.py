@@ -195,7 +195,7 @@ def _verdict(pair: PairResult, lang: str, style: Style | None) -> str:
     worst = pair.status
     glyph = ""
     if style:
-        glyph = {"match": style.ok, "near-tie": style.info, "drift": style.warning, "mismatch": style.error}[worst] + " "
+        glyph = {"match": style.ok, "near-tie": style.info, "drift": style.error, "mismatch": style.error}[worst] + " "
     max_diff = _num(max((d.max_logit_diff for d in pair.diffs), default=0))
     if lang == "zh":
         names = {"match": "一致", "near-tie": "近似平局", "drift": "logit 漂移", "mismatch": "不一致"}
@@ -247,6 +247,17 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+MAX_RANKS = 256  # one host: even with --oversubscribe, past this the launch only exhausts the machine
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, as taskset or a cgroup cpuset set it)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_ranks(gpus_visible: int) -> int:
     """Every visible GPU; 2 on the CPU accelerator, which runs any number of ranks."""
     return gpus_visible or 2
@@ -269,12 +280,14 @@ def compare(
     force: bool = False,
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
+    oversubscribe: bool = False,
 ) -> CompareResult:
     """Greedy-generate the same prompts through each load path and compare every path with the first.
 
     With ``model_dir_b``: one load path, run on both directories, B compared with A. ``prompts``: a prompt
     file (see ``dsdoctor.compare.prompts``) or a list of token-id lists; None draws deterministic ones.
-    ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2). ``out``: a directory for the
+    ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2); more ranks than visible GPUs, or
+    on the CPU accelerator than usable cores, is refused (the latter unless ``oversubscribe``). ``out``: a directory for the
     report and the raw run records (refused if it exists unless ``force``)."""
     say = progress or (lambda msg: None)
     spec_a = load_model_spec(_check_model_dir(model_dir))
@@ -301,6 +314,12 @@ def compare(
         if have and ranks > have:
             raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
                              hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
+        cores = usable_cpus()
+        if not have and ranks > cores and not oversubscribe:
+            raise InputError(f"--gpus {ranks} CPU ranks but only {cores} CPU core(s) usable: each rank loads the "
+                             "whole model and they would thrash", hint="lower --gpus, or pass --oversubscribe")
+        if ranks > MAX_RANKS:
+            raise InputError(f"--gpus {ranks} is more ranks than one host runs (limit {MAX_RANKS})")
     else:
         ranks = 1 if gpus is None else gpus
     if "tp" in paths:
@@ -409,7 +428,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
             d = max(by_status["drift"], key=lambda x: x.max_logit_diff)
             found.append(Finding(rules.LOGITS_DRIFT.code, dict(
                 base, prompt=d.prompt, position=d.max_diff_position, max_diff=_num(d.max_logit_diff),
-                tol=_num(d.tolerance))))
+                tol=_num(d.tolerance), times=f"{d.max_logit_diff / d.tolerance:.3g}" if d.tolerance else "-")))
         if path_of.get(p.other) == "tp" and path_of.get(p.reference) != "tp" and not p.identical:
             tol = max((d.tolerance for d in p.diffs), default=0.0)
             found.append(Finding(rules.TP_NUMERICS.code, dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
