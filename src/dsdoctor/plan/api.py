@@ -96,10 +96,11 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
          gpu_name: str | None = None) -> PlanResult:
     spec = load_model_spec(model)
-    inv = load_inventory(spec, counts)
+    # every input checked before the slow part (the meta-device build): bad input ends at once
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
     knobs = load_knobs(config)
+    inv = load_inventory(spec, counts)
     config_path = config_path_of(knobs)
     shape = model_shape(spec, inv)
 
