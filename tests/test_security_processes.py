@@ -26,8 +26,8 @@ def _gone(pid: int) -> bool:
     return not proctree.alive(pid)
 
 
-def _wait_for(predicate, what: str):
-    deadline = time.time() + WAIT_S
+def _wait_for(predicate, what: str, wait_s: float = WAIT_S):
+    deadline = time.time() + wait_s
     while time.time() < deadline:
         if predicate():
             return
@@ -165,7 +165,8 @@ def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(t
     model = _save_tiny_llama(tmp_path / "model")
     env = dict(deepspeed_env(), PYTHONIOENCODING="utf-8")
     env.pop("DSDOCTOR_DEBUG", None)
-    dsd = subprocess.Popen([sys.executable, "-m", "dsdoctor", "compare", str(model), "--paths", "plain,zero3",
+    # zero3 first: its ranks start at once (the plain path would run in-process before them)
+    dsd = subprocess.Popen([sys.executable, "-m", "dsdoctor", "compare", str(model), "--paths", "zero3,plain",
                             "--gpus", "2", "--max-new-tokens", "200", "--out", str(tmp_path / "cmp")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     run_pids: set[int] = set()
@@ -177,7 +178,7 @@ def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(t
             ranks = [p for p in tree if "dsdoctor.compare.runner" in _cmdline(p) and "--local_rank" in _cmdline(p)]
             return len(ranks) >= 2
 
-        _wait_for(ranks_running, "the launcher starts both ranks")
+        _wait_for(ranks_running, "the launcher starts both ranks", wait_s=600)  # DeepSpeed's imports are slow
         launcher = next(p for p in run_pids if "--master_port" in _cmdline(p))
         port = re.search(r"--master_port (\d+)", _cmdline(launcher)).group(1)
         time.sleep(2)  # let the ranks get into their load (and map their shared memory)
