@@ -97,7 +97,14 @@ def _huge(tmp_path):
     return p
 
 
+def _big_yaml(tmp_path):
+    p = tmp_path / "big.yaml"
+    p.write_text("".join(f"key{i}: [1, 2, 3]\n" for i in range(inputs.MAX_PURE_PYTHON_BYTES // 10)))
+    return p
+
+
 CRAFTED = {
+    "yaml-too-big-for-a-pure-python-parser": (_big_yaml, "a YAML config is limited to"),
     "alias-cycle": (_alias_cycle, "refers to its own anchor"),
     "alias-cycle-list": (_alias_cycle_list, "refers to its own anchor"),
     "billion-laughs": (_billion_laughs, "through aliases"),

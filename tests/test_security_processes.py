@@ -180,7 +180,7 @@ def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(t
 
         _wait_for(ranks_running, "the launcher starts both ranks", wait_s=600)  # DeepSpeed's imports are slow
         launcher = next(p for p in run_pids if "--master_port" in _cmdline(p))
-        port = re.search(r"--master_port (\d+)", _cmdline(launcher)).group(1)
+        port = re.search(r"--master_port[= ](\d+)", _cmdline(launcher)).group(1)
         time.sleep(2)  # let the ranks get into their load (and map their shared memory)
         run_pids.update(proctree.process_tree(dsd.pid)[1:])
         dsd.send_signal(signal.SIGTERM)

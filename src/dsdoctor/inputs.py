@@ -18,7 +18,8 @@ from dsdoctor.errors import InputError
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # real configs and config.json files are a few KiB
 MAX_PROMPT_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 64  # the deepest real DeepSpeed/accelerate/HF config is about 6 levels
-MAX_NODES = 1_000_000  # values in a parsed tree, aliases expanded
+MAX_PURE_PYTHON_BYTES = 64 * 1024  # YAML and HJSON parse in pure Python (~10^4-10^5 nodes/s): real ones are < 10 KiB
+MAX_NODES = 100_000  # values in a parsed tree, aliases expanded (real configs hold fewer than 1,000)
 
 
 def _kind(mode: int) -> str | None:

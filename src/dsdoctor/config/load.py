@@ -108,6 +108,7 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     text = read_text(path)
     looks_yaml = path.suffix.lower() in YAML_SUFFIXES or not text.lstrip().startswith(("{", "[", "//", "#", "/*"))
     if looks_yaml:
+        _bound_slow_parse(text, path, "YAML")
         data = _parse_yaml(text, path)
         kind = "yaml"
     else:
@@ -120,6 +121,15 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     return _plain(data), kind
 
 
+def _bound_slow_parse(text: str, path: Path, what: str) -> None:
+    """YAML and HJSON are parsed in pure Python, about a megabyte a second: past the bound, refuse at once
+    rather than run for minutes (a real config is a few KiB; plain JSON, parsed in C, may be larger)."""
+    size = len(text.encode("utf-8"))
+    if size > inputs.MAX_PURE_PYTHON_BYTES:
+        raise InputError(f"is {size} bytes of {what}; a {what} config is limited to "
+                         f"{inputs.MAX_PURE_PYTHON_BYTES} bytes (plain JSON may be larger)", path=path)
+
+
 def _parse_json(text: str, path: Path) -> tuple[Any, str]:
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates), "json"
@@ -129,6 +139,7 @@ def _parse_json(text: str, path: Path) -> tuple[Any, str]:
         raise InputError("is nested too deeply", path=path) from None
     except ValueError as first:
         json_error = first
+    _bound_slow_parse(text, path, "HJSON")
     import hjson  # DeepSpeed's own parser: comments, unquoted keys, trailing commas
 
     try:
@@ -152,7 +163,7 @@ class YamlBombError(ValueError):
 def bounded_yaml_loader(max_nodes: int = inputs.MAX_NODES, max_depth: int = inputs.MAX_DEPTH):
     """A ``yaml.SafeLoader`` subclass that refuses what ``safe_load`` accepts and nothing downstream survives:
     an alias to an anchor that is still being defined (a structure containing itself), more than
-    ``max_nodes`` nodes once aliases are expanded (billion laughs: 9 levels of 9 aliases are 387 million),
+    ``max_nodes`` nodes once aliases are expanded (billion laughs: 9 levels of 9 aliases are 3.9 billion),
     nesting deeper than ``max_depth``. Duplicate keys are an error, as in DeepSpeed.
 
     The count happens while composing, before any Python object is built, so a bomb costs microseconds."""
@@ -165,12 +176,15 @@ def bounded_yaml_loader(max_nodes: int = inputs.MAX_NODES, max_depth: int = inpu
             self._expanded = 0
             self._sizes: dict[int, int] = {}
             self._depth = 0
+            self._through_alias = False
 
-        def _count(self, n: int, mark) -> None:
+        def _count(self, n: int, mark, alias: bool = False) -> None:
             self._expanded += n
+            self._through_alias = self._through_alias or alias
             if self._expanded > max_nodes:
-                raise YamlBombError(f"expands to more than {max_nodes} values (through aliases) at line "
-                                    f"{mark.line + 1}; not a config")
+                how = "expands to more than {} values through aliases" if self._through_alias else \
+                    "has more than {} values"
+                raise YamlBombError(f"{how.format(max_nodes)} at line {mark.line + 1}; not a config")
 
         def _size(self, node) -> int:
             """Nodes in ``node`` with every alias expanded (the graph is acyclic: cycles are refused)."""
@@ -194,7 +208,7 @@ def bounded_yaml_loader(max_nodes: int = inputs.MAX_NODES, max_depth: int = inpu
                                         f"its own anchor (a structure containing itself); not a config")
                 node = self.anchors.get(event.anchor)
                 if node is not None:
-                    self._count(self._size(node), event.start_mark)
+                    self._count(self._size(node), event.start_mark, alias=True)
                 return super().compose_node(parent, index)
             event = self.peek_event()
             anchor = getattr(event, "anchor", None)
