@@ -168,6 +168,18 @@ def test_non_regular_prompt_file_is_refused_before_any_model_loads(tmp_path, mak
     assert "regular file" in _one_error_line(proc, prompts)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+def test_compare_refuses_a_fifo_among_the_model_files(tmp_path, name):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    if name != "model.safetensors":
+        (model / "model.safetensors").write_bytes(b"never read")
+    bad = _fifo(model, name)
+    proc = run_cli("compare", model, model, "--paths", "plain", timeout=HANG_GUARD_S)
+    assert "FIFO" in _one_error_line(proc, bad)
+
+
 @pytest.mark.parametrize("make", [_fifo, _dev_zero_link])
 def test_non_regular_model_config_json_is_refused(tmp_path, make):
     model = tmp_path / "model"

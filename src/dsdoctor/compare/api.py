@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from dsdoctor import inputs
 from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
@@ -221,6 +222,11 @@ def _check_model_dir(model_dir) -> Path:
         if any(p.glob("*.bin")) or any(p.glob("*.pt")):
             raise InputError("has only pickle weights (.bin/.pt), which dsdoctor does not load", path=p, hint=hint)
         raise InputError("has no *.safetensors weights", path=p, hint=hint)
+    # what the loaders will open: a FIFO or a device among them would block or never end inside transformers
+    names = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+             "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+    for f in sorted(p.glob("*.safetensors")) + [p / n for n in names if os.path.lexists(p / n)]:
+        inputs.require_regular(f, "model file")
     return p
 
 
