@@ -351,6 +351,8 @@ def test_compare_refuses_more_cpu_ranks_than_cores_unless_asked(tmp_path):
     assert "--oversubscribe" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     proc = run_cli("compare", model, "--paths", "plain,zero3", "--gpus", "64000", "--oversubscribe", env=env)
     assert proc.returncode == 2 and "more ranks than one host runs" in proc.stderr, proc.stderr
+    proc = run_cli("compare", model, model, "--paths", "plain", "--max-new-tokens", "10000000")
+    assert proc.returncode == 2 and "more than a comparison needs" in proc.stderr, proc.stderr
 
 
 # ---------------------------------------------------------------------------- stdout and optional packages

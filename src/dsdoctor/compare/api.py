@@ -253,6 +253,7 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+MAX_NEW_TOKENS = 1 << 16  # every step's logits are recorded: past this a compare only fills the disk
 MAX_RANKS = 256  # one host: even with --oversubscribe, past this the launch only exhausts the machine
 
 
@@ -309,6 +310,8 @@ def compare(
         raise InputError("give at least two load paths (--paths plain,zero3), or a second model directory")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be a positive integer, not {max_new_tokens!r}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise InputError(f"--max-new-tokens {max_new_tokens} is more than a comparison needs (limit {MAX_NEW_TOKENS})")
     dtype_name = normalize_dtype(dtype) if dtype else (spec_a.dtype or "fp32")
     if dtype_name not in TORCH_DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
