@@ -317,9 +317,15 @@ def compare(
         raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
-    if any(p in MULTI_RANK for p in paths):
-        have = visible_gpus()
-        ranks = default_ranks(have) if gpus is None else gpus
+    multi = any(p in MULTI_RANK for p in paths)
+    have = visible_gpus() if multi else 0
+    ranks = (default_ranks(have) if gpus is None else gpus) if multi else (1 if gpus is None else gpus)
+    if "tp" in paths:  # a property of the inputs: checked before what this machine can run
+        for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
+            if n % ranks:
+                raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
+                                 path=spec_a.path, hint="choose --gpus that divides them")
+    if multi:
         if have and ranks > have:
             raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
                              hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
@@ -329,13 +335,6 @@ def compare(
                              "whole model and they would thrash", hint="lower --gpus, or pass --oversubscribe")
         if ranks > MAX_RANKS:
             raise InputError(f"--gpus {ranks} is more ranks than one host runs (limit {MAX_RANKS})")
-    else:
-        ranks = 1 if gpus is None else gpus
-    if "tp" in paths:
-        for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
-            if n % ranks:
-                raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
-                                 path=spec_a.path, hint="choose --gpus that divides them")
     if prompts is None:
         special = [spec_a.raw.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
         prompt_ids = default_prompts(spec_a.vocab_size, special)
