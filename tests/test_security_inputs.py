@@ -18,7 +18,7 @@ from dsdoctor import inputs
 from dsdoctor.config.load import load_config
 from dsdoctor.errors import InputError, one_line, printable_block
 from dsdoctor.findings import Finding
-from tests.helpers import TINY_LLAMA, run_cli
+from tests.helpers import ROOT, TINY_LLAMA, run_cli
 
 RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what may never reach a terminal unescaped
 HANG_GUARD_S = 120
@@ -360,8 +360,8 @@ def test_compare_refuses_more_cpu_ranks_than_cores_unless_asked(tmp_path):
 def test_closed_stdout_and_full_disk_are_one_line_exit_2(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"zero_optimization": {"stage": 3}}')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..",
-                                                                                   "src"), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     env.pop("DSDOCTOR_DEBUG", None)
     cmd = [sys.executable, "-m", "dsdoctor", "check", str(cfg)]
     closed = subprocess.run(cmd, stdout=None, stderr=subprocess.PIPE, text=True, env=env, timeout=HANG_GUARD_S,
@@ -383,8 +383,7 @@ def test_plan_plot_without_matplotlib_says_so_in_one_line(tmp_path):
             f"sys.exit(main(['plan', '--model', {str(model)!r}, '--counts', 'formula', '--plot', "
             f"{str(tmp_path / 'plots')!r}]))")
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.join(os.path.dirname(__file__), "..", "src"),
-                                                      os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD_S)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().startswith("dsdoctor: error: --plot needs matplotlib")

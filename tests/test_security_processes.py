@@ -4,14 +4,12 @@ The traced command double-forks a sleeper (``tests/scripts/double_fork.py``: for
 careless script leaves a daemon behind; the sleeper is re-parented away from the command, so only a child
 subreaper or the run's tag finds it. dsdoctor is ended with SIGTERM, SIGHUP and SIGINT, and by its own
 ``--timeout``. Each test checks only the processes its own run started (by the pid the sleeper wrote)."""
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -119,7 +117,8 @@ def test_compare_launch_ends_the_launcher_tree_on_sigterm(tmp_path):
         "import sys, subprocess\n"
         "from dsdoctor.compare.launch import _run_group\n"
         "with open(sys.argv[1], 'w') as log:\n"
-        "    _run_group([sys.executable, sys.argv[2], sys.argv[3], '--hang'], log, None, dict(__import__('os').environ))\n"
+        "    cmd = [sys.executable, sys.argv[2], sys.argv[3], '--hang']\n"
+        "    _run_group(cmd, log, None, dict(__import__('os').environ))\n"
     )
     runner = subprocess.Popen([sys.executable, "-c", code, tmp_path / "launch.log", DOUBLE_FORK, pid_file],
                               env=_env(), start_new_session=True, stderr=subprocess.PIPE, text=True)

@@ -121,17 +121,18 @@ def main() -> None:
                 (traced if is_traced else bare).append(r)
                 print(f"pair {i} {'traced' if is_traced else 'bare  '}: {json.dumps(r)}", file=sys.stderr)
     keys = ("max_memory_allocated", "max_memory_reserved", "peak_stat", "vm_hwm", "tokens_per_s")
-    overheads = [100.0 * (b["tokens_per_s"] - t["tokens_per_s"]) / b["tokens_per_s"] for b, t in zip(bare, traced)]
+    overheads = [100.0 * (b["tokens_per_s"] - t["tokens_per_s"]) / b["tokens_per_s"]
+                 for b, t in zip(bare, traced, strict=True)]
     summary = {
         "pairs": a.pairs,
         "model": {"hidden": a.hidden, "layers": a.layers, "batch": a.batch, "prompt": a.prompt,
                   "new_tokens": a.new_tokens},
         "bare": {k: [r[k] for r in bare] for k in keys},
         "traced": {k: [r[k] for r in traced] for k in keys},
-        "peaks_identical": all(b[k] == t[k] for b, t in zip(bare, traced)
+        "peaks_identical": all(b[k] == t[k] for b, t in zip(bare, traced, strict=True)
                                for k in ("max_memory_allocated", "max_memory_reserved", "peak_stat")),
         "max_allocated_diff_bytes": max(abs(b["max_memory_allocated"] - t["max_memory_allocated"])
-                                        for b, t in zip(bare, traced)),
+                                        for b, t in zip(bare, traced, strict=True)),
         "tokens_per_s_overhead_pct_median": round(statistics.median(overheads), 2),
         "tokens_per_s_overhead_pct_each": [round(x, 2) for x in overheads],
     }
