@@ -1,5 +1,3 @@
-import importlib.util
-
 import pytest
 
 from dsdoctor.proctree import deepspeed_shm_files, unlink_leaked_deepspeed_shm
@@ -23,14 +21,3 @@ def _no_leaked_deepspeed_shm_after_each_test():
     before = deepspeed_shm_files()
     yield
     unlink_leaked_deepspeed_shm(deepspeed_shm_files() - before)
-
-
-def pytest_collection_modifyitems(config, items):
-    have_cuda = False
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        have_cuda = torch.cuda.is_available()
-    for item in items:
-        if "gpu" in item.keywords and not have_cuda:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

@@ -1,7 +1,5 @@
 import json
 
-import pytest
-
 from tests.helpers import run_cli
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.report.html import markdown_to_html
-from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json
+from dsdoctor.i18n import pick
+from dsdoctor.report.render import Style, findings_markdown, findings_text, write_report
 from dsdoctor.units import human_bytes
 
 STEP_TITLES = {
@@ -29,6 +29,11 @@ STEP_TITLES = {
     "split": {"en": "3. The inference config", "zh": "3. 推理专用配置"},
     "ab": {"en": "4. Peak with and without offload_param", "zh": "4. 有无 offload_param 的峰值对比"},
     "exit": {"en": "5. The way out", "zh": "5. 解决方案"},
+}
+TEXT = {
+    "report": {"en": "report", "zh": "报告"},
+    "title": {"en": "dsdoctor diagnosis", "zh": "dsdoctor 诊断报告"},
+    "recommended": {"en": "Recommended load path", "zh": "推荐的加载方式"},
 }
 
 
@@ -91,23 +96,20 @@ class DiagnoseResult:
         glyph = {"done": style.ok, "skipped": "-", "failed": style.error}
         lines = []
         for s in self.steps:
-            lines.append(f"{glyph[s.status]} {STEP_TITLES[s.key][lang]}")
+            lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
             lines += [f"    $ {c}" for c in s.commands[:3]]
         lines.append("")
         lines.append(findings_text(self.findings, lang, style).rstrip())
-        label = "report" if lang == "en" else "报告"
-        lines.append(f"{label}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
+        lines.append(f"{pick(TEXT['report'], lang)}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
         return "\n".join(lines) + "\n"
 
     def to_markdown(self, lang: str = "en") -> str:
-        title = "dsdoctor diagnosis" if lang == "en" else "dsdoctor 诊断报告"
-        parts = [f"# {title}\n", f"- config: `{self.config}`\n- model: `{self.model}`\n"]
+        parts = [f"# {pick(TEXT['title'], lang)}\n", f"- config: `{self.config}`\n- model: `{self.model}`\n"]
         if self.recommended_path:
-            word = "Recommended load path" if lang == "en" else "推荐的加载方式"
-            parts.append(f"**{word}: `{self.recommended_path}`**\n")
+            parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
         for s in self.steps:
-            parts.append(f"## {STEP_TITLES[s.key][lang]}\n")
+            parts.append(f"## {pick(STEP_TITLES[s.key], lang)}\n")
             parts.append((s.summary.get(lang) or s.summary["en"]) + "\n")
             if s.commands:
                 parts.append("```bash\n" + "\n".join(s.commands) + "\n```\n")
@@ -142,21 +144,16 @@ def _step_effective(config, model, gpus, lang) -> tuple[Step, object]:
 
     result = check(config, mode="inference", model=model, gpus=gpus)
     eff = result.effective
-    stage = _value(eff.zero_stage)
-    op, oo = _value(eff.offload_param.device), _value(eff.offload_optimizer.device)
+    stage, op, oo = eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device
     summary = _t(
         f"ZeRO stage {stage}, offload_param {op}, offload_optimizer {oo}, optimizer "
-        f"{_value(eff.optimizer_type) or 'none'}: {len(result.findings)} finding(s) from the config alone.",
+        f"{eff.optimizer_type or 'none'}: {len(result.findings)} finding(s) from the config alone.",
         f"ZeRO 阶段 {stage}，offload_param {op}，offload_optimizer {oo}，优化器 "
-        f"{_value(eff.optimizer_type) or '无'}：仅从配置就发现 {len(result.findings)} 个问题。",
+        f"{eff.optimizer_type or '无'}：仅从配置就发现 {len(result.findings)} 个问题。",
     )
     step = Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
                 data=result.to_dict(lang).get("effective", {}))
     return step, result
-
-
-def _value(v):
-    return getattr(v, "effective", v)
 
 
 def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, new_tokens, dtype, tmp: Path,
@@ -213,35 +210,32 @@ def _step_trace(command, tmp: Path, timeout, lang) -> Step:
     from dsdoctor.trace.api import trace
 
     result = trace(command, out=tmp / "trace", timeout=timeout)
-    data = result.to_dict(lang)
-    ranks = data.get("ranks", [])
     seen = ", ".join(
-        f"rank {r.get('rank')}: stage {r.get('zero_stage')}, optimizer {r.get('optimizer') or 'none'}, "
-        f"peak GPU {human_bytes(r.get('peak_gpu_bytes'))}, peak host {human_bytes(r.get('peak_host_bytes'))}"
-        for r in ranks[:4]
+        f"rank {r.rank}: stage {r.zero_stage}, optimizer {r.optimizer or 'none'}, "
+        f"peak GPU {human_bytes(r.peak_gpu_bytes)}, peak host {human_bytes(r.peak_host_bytes)}"
+        for r in result.ranks[:4]
     ) or "no rank reported"
     summary = _t(f"Traced `{_shell(command)}`: {seen}.", f"跟踪了 `{_shell(command)}`：{seen}。")
     artifacts = sorted(str(p.relative_to(tmp)) for p in (tmp / "trace").glob("*.png"))
     return Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
-                data={"trace": data}, artifacts=artifacts)
+                data={"trace": result.to_dict(lang)}, artifacts=artifacts)
 
 
 def _step_ab(command, tmp: Path, timeout, lang) -> Step:
     from dsdoctor.trace.api import ab
 
     result = ab(command, out=tmp / "ab", timeout=timeout)
-    data = result.to_dict(lang)
-    diag = data.get("diagnosis") or {}
-    summary = _t(f"A/B over {len(data.get('variants', []))} variants: {diag.get('message', 'no diagnosis')}",
-                 f"对 {len(data.get('variants', []))} 个变体做了 A/B：{diag.get('message', '无结论')}")
-    return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang), data={"ab": data},
-                commands=[diag["fix"]] if diag.get("fix") else [])
+    n, diag = len(result.variants), result.diagnosis
+    summary = _t(f"A/B over {n} variants: {diag.message('en') if diag else 'no diagnosis'}",
+                 f"对 {n} 个变体做了 A/B：{diag.message('zh') if diag else '无结论'}")
+    return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang),
+                data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else [])
 
 
 def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None) -> Step:
     model_arg = shlex.quote(str(model))
     infer_cfg = shlex.quote(str(out / "ds_inference.json"))
-    n = gpus or (plan_result.hardware.get("gpus") if plan_result else None) or 1
+    n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     compare_cmd = f"dsdoctor compare MERGED_DIR --paths plain,{'tp' if path == 'tp' else 'zero3'} --gpus {max(n, 2)}"
     if path == "plain" or path is None:
         ckpt = shlex.quote(str(checkpoint)) if checkpoint else "CKPT_DIR"
@@ -291,10 +285,8 @@ def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
 
     merged = merge(checkpoint, tmp / "merged", model=model)
     checked = verify(tmp / "merged", model=model)
-    mdict = merged.to_dict(lang)
-    summary = f"{mdict.get('num_tensors', mdict.get('tensors', '?'))} tensors written to merged/; " \
-              f"verify: {len(checked.findings)} finding(s)."
-    return {"summary": summary, "merge": mdict, "verify": checked.to_dict(lang)}, list(checked.findings)
+    summary = f"{merged.tensors} tensors written to merged/; verify: {len(checked.findings)} finding(s)."
+    return {"summary": summary, "merge": merged.to_dict(lang), "verify": checked.to_dict(lang)}, list(checked.findings)
 
 
 def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None, batch: int = 1,
@@ -313,16 +305,19 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         raise InputError("diagnose needs --model (a local model directory or its config.json)")
     out = Path(out)
     steps: list[Step] = []
+    from dsdoctor.config.load import load_config
+
+    loaded = load_config(config)  # read once: check, plan and split share it (and its effective readings)
     with atomic_output_dir(out, force=force) as tmp:
-        step, _ = _step_effective(config, model, gpus, lang)
+        step, _ = _step_effective(loaded, model, gpus, lang)
         steps.append(step)
         # plan before running anything: bad workload flags must fail before the user's command has run
-        plan_step, plan_result = _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len,
+        plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, batch, prompt_len,
                                             new_tokens, dtype, tmp, lang)
         if command:
             steps.append(_step_trace(command, tmp, timeout, lang))
         steps.append(plan_step)
-        steps.append(_step_split(config, model, tmp, out, lang))
+        steps.append(_step_split(loaded, model, tmp, out, lang))
         if command and _cuda_available():
             steps.append(_step_ab(command, tmp, timeout, lang))
         else:
@@ -339,10 +334,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         exit_step.findings += merge_findings
         steps.append(exit_step)
         result = DiagnoseResult(str(config), str(model), str(out), steps, path, lang)
-        (tmp / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
-        (tmp / "report.html").write_text(
-            markdown_to_html(result.to_markdown(lang), "dsdoctor diagnosis", base=tmp), encoding="utf-8")
-        (tmp / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
+        write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
 
 

@@ -1,7 +1,15 @@
 """``dsdoctor diagnose``: the whole troubleshooting as one command (the README's main job)."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of
+from dsdoctor.cli.common import (
+    add_command,
+    add_dtype_flag,
+    add_gpus_flag,
+    add_out_flag,
+    add_output_flags,
+    emit,
+    lang_of,
+)
 
 EXAMPLES = """\
   dsdoctor diagnose                                   # the bundled example: a ZeRO-3 offload training config, 7B model
@@ -20,15 +28,15 @@ def register(sub):
     )
     p.add_argument("--config", help="the DeepSpeed config your inference uses (default: the bundled example)")
     p.add_argument("--model", help="local model directory or config.json (default: the bundled 7B example)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs for inference (default: detected, else 1)")
+    add_gpus_flag(p, "detected, else 1", " for inference")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
     p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: this machine's)")
     p.add_argument("--batch", type=int, default=1, help="sequences each rank generates at once (default: 1)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the model's)")
+    add_dtype_flag(p, "weight dtype", default_text="the model's, else bf16")
     p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")
-    p.add_argument("--out", default="dsdoctor-out", help="report directory (default: dsdoctor-out)")
+    add_out_flag(p, "dsdoctor-out", "report directory")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
     p.add_argument("--timeout", type=float, default=None, help="watchdog for a traced command, seconds")
     p.add_argument("command", nargs="*", help="after --: your inference command, to trace (and A/B on a GPU)")
