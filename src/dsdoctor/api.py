@@ -9,10 +9,11 @@ so ``check``/``split``/``explain`` never load torch or deepspeed.
 from __future__ import annotations
 
 
-def check(config, mode="inference", model=None, gpus=None, tp=None):
-    """What a DeepSpeed config (path or dict) really does at inference, and its findings."""
+def check(config, mode=None, model=None, gpus=None, tp=None, versions=None, gpu_name=None, runner=None):
+    """What a DeepSpeed config (path or dict) really does for what runs it (runner, mode), and its findings.
+    ``versions``: {"deepspeed": "0.15.0", ...} instead of the installed ones; ``gpu_name``: "A100", "V100"."""
     from dsdoctor.config.check import check as run
-    return run(config, mode=mode, model=model, gpus=gpus, tp=tp)
+    return run(config, mode=mode, model=model, gpus=gpus, tp=tp, versions=versions, gpu_name=gpu_name, runner=runner)
 
 
 def split(config, out, model=None, keep_auto=False, force=False):

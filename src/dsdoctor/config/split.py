@@ -86,6 +86,12 @@ _REJECTED = {"en": "DeepSpeed 0.19 rejects this key (DSD114)", "zh": "DeepSpeed 
 
 def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:
     """The inference config of ``loaded`` and the change list (pure: nothing is written)."""
+    from dsdoctor.config.runner import is_init_inference_config
+
+    if is_init_inference_config(loaded.raw):
+        raise InputError("is a deepspeed.init_inference config (dtype, tensor_parallel, ...): split writes "
+                         "deepspeed.initialize configs", path=loaded.ref_path or loaded.path,
+                         hint=f"dsdoctor check {loaded.name} shows what init_inference makes of it")
     spec = load_model_spec(model) if model is not None else None
     eff, _hf = read_both(loaded, spec)
     raw = loaded.raw

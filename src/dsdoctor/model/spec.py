@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dsdoctor import inputs
 from dsdoctor.errors import InputError
+from dsdoctor.model.formulas import tied
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 _DTYPE_NAMES = {
@@ -116,8 +117,8 @@ def _int(cfg: dict, path: Path, *keys, default=None, low: int = 1, limit: int | 
 def load_model_spec(path: str | os.PathLike) -> ModelSpec:
     p, cfg = read_config_json(path)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    hidden = _int(text, p, "hidden_size", "n_embd", "d_model", limit=LIMITS["hidden_size"])
-    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", limit=LIMITS["num_heads"])
+    hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model", limit=LIMITS["hidden_size"])
+    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads", limit=LIMITS["num_heads"])
     if hidden // heads < 1 and text.get("head_dim") is None:
         raise InputError(f"hidden_size {hidden} is smaller than num_attention_heads {heads}", path=p)
     experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0
@@ -125,21 +126,26 @@ def load_model_spec(path: str | os.PathLike) -> ModelSpec:
         path=str(p),
         model_type=str(cfg.get("model_type", "unknown")),
         hidden_size=hidden,
-        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers", limit=LIMITS["num_layers"]),
+        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                        limit=LIMITS["num_layers"]),
         num_heads=heads,
         num_kv_heads=_int(text, p, "num_key_value_heads", "num_kv_heads", default=heads,
                           limit=LIMITS["num_kv_heads"]),
         head_dim=_int(text, p, "head_dim", default=hidden // heads, limit=LIMITS["head_dim"]),
-        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden,
-                               limit=LIMITS["intermediate_size"]),
+        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size",
+                               default=4 * hidden, limit=LIMITS["intermediate_size"]),
         vocab_size=_int(text, p, "vocab_size", limit=LIMITS["vocab_size"]),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=tied(cfg),  # transformers' per-architecture default when unset
         dtype=normalize_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype")),
         max_position_embeddings=text.get("max_position_embeddings"),
         sliding_window=text.get("sliding_window") if isinstance(text.get("sliding_window"), int) else None,
         num_experts=_int({"num_experts": experts}, p, "num_experts", low=0, limit=LIMITS["num_experts"]),
         raw=cfg,
     )
+    if spec.model_type == "falcon":  # multi-query: one key/value head (modeling_falcon.py)
+        from dsdoctor.model.formulas import falcon_kv_heads
+
+        spec.num_kv_heads = falcon_kv_heads(text, heads)
     estimate_params(spec)
     if spec.num_params > MAX_PARAMS:
         raise InputError(f"describes {spec.num_params:.3g} parameters; larger than any real model "
@@ -161,4 +167,13 @@ def estimate_params(spec: ModelSpec) -> ModelSpec:
     spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
     spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
     spec.counted_by = "formula"
+    from dsdoctor.model.formulas import EXACT_TYPES
+    from dsdoctor.model.inventory import from_formula
+
+    if spec.model_type in EXACT_TYPES:  # the architecture's exact formula
+        inv = from_formula(spec)
+        spec.num_params = inv.num_params
+        spec.embedding_params = inv.numel("embedding")
+        spec.per_layer_params = inv.layer_params(0)
+        spec.largest_param_numel = inv.largest
     return spec

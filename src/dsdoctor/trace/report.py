@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
@@ -328,7 +329,8 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if tp:
         rec = next(x for x in records if x.rank == tp[0].rank)
         api = next((p.info.get("api") for p in rec.phases if p.name == "init"), "deepspeed")
-        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}"}))
+        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}",
+                                      "version_note": Phrase("none")}))
 
     unsynced = sorted({rec.rank for rec in records for p in rec.phases
                        if p.name == "generate" and p.info.get("zero3_partitioned")
@@ -353,7 +355,14 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
-    peak = _peak_finding(ranks)
+    ignored = _ignored_zero_at_init_inference(records)
+    if ignored:
+        out.append(ignored)
+
+    unpartitioned = _unpartitioned_finding(ranks, records)
+    if unpartitioned:
+        out.append(unpartitioned)
+    peak = _peak_finding(ranks, unpartitioned_at_init=unpartitioned is not None)
     if peak:
         out.append(peak)
 
@@ -418,7 +427,58 @@ def _hang_advice(unsynced: list[int]) -> Phrase:
 _PHASE_ADVICE = ("load", "init", "generate")  # phases with their own advice (DSD304's phrases)
 
 
-def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
+def _why_unpartitioned(rec: RankRecord) -> Phrase:
+    """Why the model was not built under zero.Init, from the order of HfDeepSpeedConfig and the model's build."""
+    loads = [p for p in rec.phases if p.name == "load"]
+    hf = [c for c in rec.configs if c.get("api") == "HfDeepSpeedConfig"]
+    if not hf:
+        return Phrase("no-hf-config")
+    api = (loads[0].info.get("api") or "from_pretrained") if loads else "from_pretrained"
+    if loads and all((c.get("t") or 0) > loads[0].t_start for c in hf):
+        return Phrase("created-after", {"api": api})
+    if loads and not any(p.info.get("hf_zero3") for p in loads):
+        return Phrase("not-alive", {"api": api})
+    return Phrase("outside-zero-init")
+
+
+def _ignored_zero_at_init_inference(records: list[RankRecord]) -> Finding | None:
+    """DSD122 at run time: the script handed init_inference a config with a zero section, which it ignores."""
+    from dsdoctor.config.checks_configs import init_inference_findings
+    from dsdoctor.config.inference_config import read_inference_config
+
+    for rec in records:
+        for c in rec.configs:
+            cfg = c.get("config")
+            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict) and isinstance(cfg.get("zero"), dict):
+                found = [f for f in init_inference_findings(read_inference_config(cfg), None, None) if f.code == "DSD122"]
+                if found:
+                    found[0].values["rank"] = rec.rank
+                    return found[0]
+    return None
+
+
+def _unpartitioned_finding(ranks: list[RankSummary], records: list[RankRecord]) -> Finding | None:
+    for rec in records:
+        init = next((p for p in rec.phases if p.name == "init" and p.info.get("api") == "deepspeed.initialize"
+                     and p.info.get("model_at_initialize")), None)
+        if init is None:
+            continue
+        state = init.info["model_at_initialize"]
+        summary = next((r for r in ranks if r.rank == rec.rank), None)
+        stage = summary.zero_stage if summary and summary.zero_stage is not None else (
+            summary.configured_stage if summary else None)
+        if str(stage) != "3" or not state.get("unpartitioned"):
+            continue
+        f = Finding("DSD340", {"rank": rec.rank, "unpartitioned": state["unpartitioned"], "params": state["params"],
+                               "bytes": human_bytes(state.get("unpartitioned_bytes")), "why": _why_unpartitioned(rec),
+                               "unpartitioned_bytes": state.get("unpartitioned_bytes")})
+        if (init.error and init.error.get("oom")) or (summary and (summary.peak_phase or "").startswith("init")):
+            f.severity = "error"
+        return f
+    return None
+
+
+def _peak_finding(ranks: list[RankSummary], unpartitioned_at_init: bool = False) -> Finding | None:
     gpu = any(r.peak_gpu_bytes is not None for r in ranks)
     key = "peak_host_bytes"
     if gpu:
@@ -429,7 +489,8 @@ def _peak_finding(ranks: list[RankSummary]) -> Finding | None:
     top = max(cands, key=lambda r: getattr(r, key))
     phase = top.peak_phase
     base = phase.split("#")[0]
-    part = Phrase(base if base in _PHASE_ADVICE else "other")
+    part = Phrase("init-unpartitioned" if base == "init" and unpartitioned_at_init
+                  else base if base in _PHASE_ADVICE else "other")
     return Finding("DSD304", {"kind": Phrase("gpu" if gpu else "host"), "peak": human_bytes(getattr(top, key)),
                               "rank": top.rank, "phase": phase, "advice": Phrase("peak-is", {"part": part})})
 

@@ -109,6 +109,11 @@ rule(
                            "dsdoctor ab shows whether offload_param matters",
                      "zh": "收集的层、KV cache 和激活：减小 batch 或缩短生成；dsdoctor ab 可显示 offload_param 是否相关"},
         "other": {"en": "something the script does outside the observed calls", "zh": "脚本在被观察调用之外做的事情"},
+        "init-unpartitioned": {
+            "en": "the whole unpartitioned model that deepspeed.initialize moves to the device: build it under "
+                  "zero.Init (HfDeepSpeedConfig before from_pretrained, kept alive; see DSD340)",
+            "zh": "deepspeed.initialize 搬到设备上的整个未分片模型：在 zero.Init 下构建它（在 from_pretrained 之前创建并保留 "
+                  "HfDeepSpeedConfig；见 DSD340）"},
     }),
     explanation=explanation(
         en=(

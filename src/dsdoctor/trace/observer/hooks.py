@@ -216,6 +216,24 @@ def _model_info(model) -> dict:
     return info
 
 
+def _partition_state(model) -> dict | None:
+    """How much of ``model`` is ZeRO-3 partitioned as it reaches deepspeed.initialize: parameters without a
+    ``ds_id`` were not built under zero.Init, and initialize moves the whole module to the device
+    (runtime/engine.py ``_configure_distributed_model``: ``is_zero_init_model`` is false)."""
+    if model is None or not hasattr(model, "parameters"):
+        return None
+    total = unpartitioned = 0
+    nbytes = 0
+    for p in model.parameters():
+        total += 1
+        if hasattr(p, "ds_id"):
+            continue
+        unpartitioned += 1
+        nbytes += int(p.numel()) * int(p.element_size())
+    return {"params": total, "unpartitioned": unpartitioned, "unpartitioned_bytes": nbytes,
+            "hf_zero3_alive": _hf_zero3_enabled()}
+
+
 def _patch_deepspeed(ds):
     if getattr(ds, "_dsdoctor_patched", False):
         return
@@ -242,7 +260,12 @@ def _patch_deepspeed(ds):
             _safe(rec.write, "observer_error", where="initialize", error=repr(exc))
         _safe(rec.write, "config", api="deepspeed.initialize", source=source, config=_json_safe(passed),
               summary=_config_summary(passed), variant_applied=applied)
-        token = _safe(rec.begin, "init", api="deepspeed.initialize")
+        state = None
+        try:
+            state = _safe(_partition_state, sig.bind_partial(*args, **kwargs).arguments.get("model"))
+        except Exception:
+            pass
+        token = _safe(rec.begin, "init", api="deepspeed.initialize", model_at_initialize=state)
         if token is None:
             return original_initialize(*args, **kwargs)
         try:
@@ -351,7 +374,7 @@ def _wrap_classmethod(cls, name: str, phase: str):
         rec = recorder.get()
         if rec is None or rec.busy:
             return func(klass, *args, **kwargs)
-        token = _safe(rec.begin, phase, api=f"{klass.__name__}.{name}")
+        token = _safe(rec.begin, phase, api=f"{klass.__name__}.{name}", hf_zero3=_hf_zero3_enabled())
         if token is None:
             return func(klass, *args, **kwargs)
         try:
