@@ -40,6 +40,12 @@ def trace(command, out=None, timeout=None, **kwargs):
     return run(command, out=out, timeout=timeout, **kwargs)
 
 
+def trace_report(out, **kwargs):
+    """Rebuild the whole report of a multi-node trace from ``out``/node-K/ (``dsdoctor trace --report-only``)."""
+    from dsdoctor.trace.api import report_only as run
+    return run(out, **kwargs)
+
+
 def ab(command, variants=None, out=None, timeout=None, **kwargs):
     """Run ``command`` once per DeepSpeed config variant and diagnose the difference."""
     from dsdoctor.trace.api import ab as run

@@ -308,7 +308,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
     from dsdoctor.config.load import load_config
 
     loaded = load_config(config)  # read once: check, plan and split share it (and its effective readings)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         step, _ = _step_effective(loaded, model, gpus, lang)
         steps.append(step)
         # plan before running anything: bad workload flags must fail before the user's command has run

@@ -22,7 +22,7 @@ from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_F
 from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
-from dsdoctor.fsutil import atomic_write_text, refuse_overwrite
+from dsdoctor.fsutil import atomic_write_text, check_output_path
 from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
@@ -215,13 +215,14 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
         raise InputError("is the DeepSpeed config the YAML names; write to another file", path=out_path)
     if loaded.ref_missing:
         raise InputError(f"names a DeepSpeed config that does not exist: {loaded.ref_path}", path=loaded.path)
-    refuse_overwrite(out_path, force)
+    inputs = [p for p in (loaded.path, loaded.ref_path) if p]
+    check_output_path(out_path, force, inputs, kind="file")
     new, changes = inference_config(loaded, model=model, keep_auto=keep_auto)
     text = json.dumps(new, indent=2, ensure_ascii=False) + "\n"
     before = json.dumps(loaded.raw, indent=2, ensure_ascii=False) + "\n"
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
                                         fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
-    atomic_write_text(out_path, text, force=force)
+    atomic_write_text(out_path, text, force=force, inputs=inputs)
     findings = check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference", model=model).findings
     return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
                        changes=changes, diff=diff, findings=findings)

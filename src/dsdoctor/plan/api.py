@@ -13,6 +13,7 @@ import os
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
@@ -122,9 +123,12 @@ def _largest(fits_at, low: int, high: int) -> int | None:
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None) -> PlanResult:
+         gpu_name: str | None = None, loop: bool = False) -> PlanResult:
     """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
-    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read)."""
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``loop``: the model trains
+    and generates its own rollouts (RLHF/GRPO): training state and the training step counted on the ZeRO-3
+    paths, the paths zero2 and zero3-gather-once added, the recommendation among training paths
+    (``plan/loop.py``)."""
     spec = load_model_spec(model)
     # every input checked before the slow part (the meta-device build): bad input ends at once
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
@@ -148,7 +152,8 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         def estimate(w, name=name, k=k, split=split):
             if split is not None and name != "tp":
                 return estimate_split(split[0], split[1], shape, w, hw, k)
-            return estimate_path(name, shape, w, hw, k)
+            mem = estimate_path(name, shape, w, hw, k)
+            return plan_loop.in_loop(name, mem, shape, w, k) if loop else mem
 
         mem = estimate(wl)
         if mem is None:
@@ -182,17 +187,25 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         ))
 
     plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits)
-    chosen, compared = _choose_tiered(plans)
+    if loop:
+        plans += plan_loop.loop_plans(shape, wl, hw, knobs, _fits, _largest, pos_limit, hard, MAX_BATCH_SEARCH)
+        chosen, compared = plan_loop.choose(plans), [p for p in plans if p.name in plan_loop.TRAINING_PATHS]
+    else:
+        chosen, compared = _choose_tiered(plans)
     if chosen is not None:
+        code = plan_loop.code_for(chosen.name, str(model), hw.gpus, run_dtype) if loop else \
+            code_for_plan(chosen, str(model), hw.gpus, run_dtype, knobs)
         recommendation = Recommendation(
             chosen.name, {lang: rec.why(chosen, compared, lang) for lang in ("en", "zh")},
             chosen.ds_config if chosen.estimate else rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
-            code_for_plan(chosen, str(model), hw.gpus, run_dtype, knobs))
+            code)
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl)
     findings += path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capability, ckpt)
+    if loop:
+        findings += plan_loop.findings(plans, chosen)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,

@@ -34,6 +34,9 @@ LABELS = {
     "checkpoint_mapped": ("checkpoint pages mapped (file-backed, counted once)", "映射的检查点页（文件页，只计一次）"),
     "dequant_workspace": ("dequantization workspace", "反量化工作区"),
     "offloaded_layers": ("CPU-offloaded layers", "卸载到 CPU 的层"),
+    "gathered_whole_model": ("whole model gathered for generate (loop)", "为 generate 收集的完整模型（循环）"),
+    "training_activations": ("training step activations (loop)", "训练步激活（循环）"),
+    "training_logits": ("training step logits + fp32 copy (loop)", "训练步 logits 及 fp32 拷贝（循环）"),
 }
 
 
@@ -62,6 +65,7 @@ TEXT = {
     "load": {"en": "load", "zh": "加载"},
     "prefill": {"en": "prefill", "zh": "prefill"},
     "decode": {"en": "decode", "zh": "decode"},
+    "train-step": {"en": "train-step", "zh": "训练步"},  # plan --loop (plan/loop.py)
     "recommended": {"en": "recommended", "zh": "推荐"},
     "title": {"en": "# dsdoctor plan\n\n", "zh": "# dsdoctor 加载方案\n\n"},
     "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},

@@ -17,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+PRIORITY = ("DSD332", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -183,6 +183,9 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
             out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
-    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315") for f in out):
+    from dsdoctor.trace.loop import gather_once_diagnosis
+
+    out += gather_once_diagnosis(variants, gpu)
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD332") for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
     return sort_findings(out)

@@ -53,6 +53,7 @@ class RankRecord:
     samples: list[list] = field(default_factory=list)  # [t, rss, gpu_allocated, gpu_reserved]
     shard_loads: list[str] = field(default_factory=list)
     uncaught: dict | None = None
+    train: list[dict] = field(default_factory=list)  # engine.backward / engine.step: {"t", "kind", "duration_s"}
     exited: bool = False
     stack: str | None = None
 
@@ -100,13 +101,15 @@ def read_rank(path: Path) -> RankRecord | None:
                             "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
                     setattr(ph, key, ev.get(key))
                 ph.host_rss_end = ev.get("host_rss")
-                for key in ("engine", "model"):
+                for key in ("engine", "model", "forwards"):
                     if ev.get(key) is not None:
                         ph.info[key] = ev[key]
             elif kind == "config":
                 rec.configs.append(ev)
             elif kind == "zero_shards_to_init_inference":
                 rec.shard_loads.extend(ev.get("files") or [])
+            elif kind == "train":
+                rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
             elif kind == "uncaught":
                 rec.uncaught = ev.get("error")
             elif kind == "exit":
@@ -136,7 +139,7 @@ def read_records(directory: Path) -> list[RankRecord]:
     kept, seen = [], set()
     active = {r.rank for r in out if r.phases or r.configs}
     for r in out:
-        if r.phases or r.configs or (r.rank not in active and r.rank not in seen):
+        if r.phases or r.configs or r.train or (r.rank not in active and r.rank not in seen):
             kept.append(r)
             seen.add(r.rank)
     return kept

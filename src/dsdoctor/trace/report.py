@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace import loop as gen_loop
 from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
@@ -67,6 +68,7 @@ class RankSummary:
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
     timeline_png: str | None = None
+    loop: dict | None = None  # generation inside training (trace/loop.py): per-generate cost; None otherwise
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -144,6 +146,8 @@ class TraceResult:
         rows = list(self._phase_rows())
         if rows:
             out += ["\n", text_table(ph, rows)]
+        if any(r.loop for r in self.ranks):
+            out += ["\n", text_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         out += ["\n", findings_text(self.findings, lang, style or Style())]
         if self.out_dir:
             out.append(f"{_t('files', lang)}: {self.out_dir}/report.json, report.md, timeline.html\n")
@@ -157,6 +161,9 @@ class TraceResult:
                f"{self.wall_s:.1f} s\n\n## {_t('ranks', lang)}\n\n", markdown_table(rh, list(self._rank_rows())),
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+        if any(r.loop for r in self.ranks):
+            out[-2:-2] = ["\n## " + ("训练循环内的 generate" if lang == "zh" else "generate inside training") + "\n\n",
+                          markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         for r in self.ranks:
             if r.timeline_png:
                 out.append(f"\n![rank {r.rank} memory timeline]({r.timeline_png})\n")
@@ -297,6 +304,7 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         s.stopped_in = unfinished[-1].label if unfinished else (
             f"after {rec.phases[-1].label}" if rec.phases else "before any observed call")
         s.where = _where_in_stack(rec.stack)
+    s.loop = gen_loop.summarize(rec, engine)
     t0 = rec.t0 or 0
     step = max(1, len(rec.samples) // 600)
     s.timeline = [[round(x[0] - t0, 3), x[1], x[2], x[3]] for x in rec.samples[::step]]
@@ -311,7 +319,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if not records:
         out.append(Finding("DSD309", {}))
 
-    built = [r for r in ranks if r.optimizer]
+    built = [r for r in ranks if r.optimizer and not r.loop]  # a training loop needs its optimizer
     if built:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
@@ -355,6 +363,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
+    out += gen_loop.loop_findings(ranks)
     ignored = _ignored_zero_at_init_inference(records)
     if ignored:
         out.append(ignored)
@@ -424,7 +433,8 @@ def _hang_advice(unsynced: list[int]) -> Phrase:
     return Phrase("synced" if unsynced else "collectives")
 
 
-_PHASE_ADVICE = ("load", "init", "generate")  # phases with their own advice (DSD304's phrases)
+# phases with their own advice (DSD304's phrases); the last two only in a training loop
+_PHASE_ADVICE = ("load", "init", "generate", "init-training", "training-step")
 
 
 def _why_unpartitioned(rec: RankRecord) -> Phrase:
@@ -489,6 +499,10 @@ def _peak_finding(ranks: list[RankSummary], unpartitioned_at_init: bool = False)
     top = max(cands, key=lambda r: getattr(r, key))
     phase = top.peak_phase
     base = phase.split("#")[0]
+    if top.loop and base == "init":  # a training loop needs what initialize builds
+        base = "init-training"
+    elif top.loop and base not in _PHASE_ADVICE:  # between generates a loop runs its training step
+        base = "training-step"
     part = Phrase("init-unpartitioned" if base == "init" and unpartitioned_at_init
                   else base if base in _PHASE_ADVICE else "other")
     return Finding("DSD304", {"kind": Phrase("gpu" if gpu else "host"), "peak": human_bytes(getattr(top, key)),

@@ -8,6 +8,7 @@ the program does (except the ab config rewrite, which is the point of ab).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -18,7 +19,7 @@ import re
 import sys
 import threading
 
-from dsdoctor.trace.observer import recorder
+from dsdoctor.trace.observer import loop, recorder
 
 _SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
 _shard_loads: list[str] = []
@@ -238,6 +239,7 @@ def _patch_deepspeed(ds):
     if getattr(ds, "_dsdoctor_patched", False):
         return
     ds._dsdoctor_patched = True
+    _safe(loop.patch_engine_class, ds)  # train events: generation inside training
     original_initialize = ds.initialize
     sig = inspect.signature(original_initialize)
 
@@ -274,6 +276,7 @@ def _patch_deepspeed(ds):
             _safe(rec.end, token, error=exc)
             raise
         engine = result[0] if isinstance(result, tuple) else result
+        _safe(loop.remember_engine, engine)
         info = _safe(_engine_info, engine) or {}
         info.update(_safe(_model_info, engine.module if hasattr(engine, "module") else engine) or {})
         _safe(rec.end, token, engine=info)
@@ -359,6 +362,7 @@ def _patch_torch(torch):
 
     load._dsdoctor = True
     torch.load = load
+    _safe(loop.patch_torch_training, torch)  # train events of loops that step without the engine
 
 
 # ------------------------------------------------------------------------ transformers
@@ -434,17 +438,33 @@ def _patch_generation(gu):
             inputs = _generate_inputs(args, kwargs)
             if inputs is not None:
                 info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
+            info.update(loop.generate_info(self))
         except Exception:
             pass
+        gather = None
+        if _variant_name() == "gather-once" and info.get("zero3_partitioned"):
+            gather = _safe(_gather_once_context, self)
+            info["gather_once"] = "applied" if not isinstance(gather, str) and gather is not None else \
+                (gather or "observer error")
+            if isinstance(gather, str):
+                gather = None
         token = _safe(rec.begin, "generate", api="generate", **info)
         if token is None:
             return original(self, *args, **kwargs)
+        counter = _safe(loop.ForwardCounter, self)
+        stack = contextlib.ExitStack()
+        if gather is not None:
+            try:
+                stack.enter_context(gather)
+            except Exception as exc:  # the variant could not start: generate as the script asked
+                _safe(rec.write, "observer_error", where="gather-once", error=repr(exc))
         try:
-            out = original(self, *args, **kwargs)
+            with stack:
+                out = original(self, *args, **kwargs)
         except BaseException as exc:
-            _safe(rec.end, token, error=exc)
+            _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
             raise
-        extra = {}
+        extra = {"forwards": counter.close() if counter else None}
         try:
             seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
             if seq is not None and "prompt_len" in info:
@@ -456,6 +476,15 @@ def _patch_generation(gu):
 
     generate._dsdoctor = True
     cls.generate = generate
+
+
+def _gather_once_context(model):
+    """The ab variant gather-once: a context for this generate, or the reason it does not apply."""
+    from dsdoctor.trace.observer import gather_once
+
+    engine = loop.engine_of(model)
+    reason = gather_once.why_not(engine, model)
+    return reason if reason else gather_once.gathered_for_generation(engine)
 
 
 def _patch_hf_deepspeed(mod):
