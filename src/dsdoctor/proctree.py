@@ -210,7 +210,7 @@ class _Stop(KeyboardInterrupt):
     """SIGTERM, SIGHUP or SIGQUIT during a contained run: unwinds like Ctrl-C, so the run is ended."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")  # as dsdoctor.fsutil.Interrupted
         self.signum = signum
 
 
