@@ -2,12 +2,24 @@
 the run dtype on GPUs without bf16, and runs past max_position_embeddings."""
 import functools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from dsdoctor.errors import InputError
 from dsdoctor.plan.api import plan
-from dsdoctor.plan.loading import PROCESS_BASE, find_checkpoint, plain_methods, tp_methods
+from dsdoctor.plan.loading import (
+    PROCESS_BASE,
+    PROCESS_FILE,
+    ZERO3_RUNTIME,
+    find_checkpoint,
+    plain_methods,
+    tp_methods,
+    zero3_methods,
+)
 from dsdoctor.plan.paths_tp import tp_splits
 from tests.helpers import EXAMPLES, run_cli
 
@@ -87,12 +99,33 @@ def test_loading_methods_tell_anonymous_from_file_backed(tmp_path):
     ck = find_checkpoint(str(tmp_path / "config.json"), 10**9, "bf16")
     assert (ck.format, ck.files, ck.total_bytes, ck.largest_file_bytes, ck.seen) == ("safetensors", 3, 3003, 1002, True)
     to_gpu, cpu = plain_methods(ck, "bf16", 2, 10**9)
-    assert to_gpu.anon_bytes == 2 * PROCESS_BASE and to_gpu.file_bytes == 3003 and to_gpu.file_rss_bytes == 6006
-    assert cpu.anon_bytes == 2 * PROCESS_BASE  # mapped views, no copy
+    # straight to the GPU: every page read while every file is mapped; each process's RSS shows them
+    assert to_gpu.anon_bytes == 2 * PROCESS_BASE and to_gpu.file_bytes == 3003
+    assert to_gpu.file_rss_bytes == 2 * (3003 + PROCESS_FILE)
+    # on the CPU, no conversion: views, then .to() reads one file at a time: the largest file per process
+    assert cpu.anon_bytes == 2 * PROCESS_BASE and cpu.file_rss_bytes == 2 * (1002 + PROCESS_FILE)
+    assert cpu.file_bytes == 2004  # two processes, each on one file: at most two files in the page cache
+    assert cpu.rss_bytes == cpu.anon_bytes + cpu.file_rss_bytes
     _, converted = plain_methods(ck, "fp16", 2, 10**9)
     assert converted.anon_bytes == 2 * PROCESS_BASE + 2 * 10**9  # conversion on the CPU copies
+    assert converted.file_rss_bytes == 2 * (3003 + PROCESS_FILE)  # ... and reads every page while all are mapped
+    (zero,) = zero3_methods(ck, "bf16", 4, 10**9)
+    assert zero.anon_bytes == 4 * (PROCESS_BASE + ZERO3_RUNTIME) and zero.base_bytes == zero.anon_bytes
+    assert zero.file_rss_bytes == 3003 + 4 * PROCESS_FILE  # rank 0 reads the checkpoint, the others keys
+    cpu_model = next(m for m in tp_methods(ck, "bf16", 1, 2, 10**9, 10**6) if m.method == "cpu-model")
+    assert cpu_model.anon_bytes == 2 * PROCESS_BASE and cpu_model.file_rss_bytes == cpu.file_rss_bytes
+    sliced = next(m for m in tp_methods(ck, "bf16", 2, 1, 10**9, 10**6) if m.method == "cpu-model")
+    assert sliced.anon_bytes == 2 * (PROCESS_BASE + 10**6)  # tp > 1: one weight sliced on the CPU at a time
     meta = next(m for m in tp_methods(ck, "bf16", 4, 2, 10**9, 10**6) if m.method == "meta-checkpoint")
     assert meta.anon_bytes == 8 * (PROCESS_BASE + 1002) and meta.file_bytes == 0
+
+
+def test_one_file_checkpoint_is_whole_either_way(tmp_path):
+    (tmp_path / "config.json").write_text((EXAMPLES / "llama-7b" / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 5000)
+    ck = find_checkpoint(str(tmp_path / "config.json"), 10**9, "bf16")
+    to_gpu, cpu = plain_methods(ck, "bf16", 1, 10**9)
+    assert to_gpu.file_rss_bytes == cpu.file_rss_bytes == 5000 + PROCESS_FILE
 
 
 def test_legacy_bin_is_read_whole(tmp_path):
@@ -227,3 +260,25 @@ def test_zero_inference_int4_config_carries_weight_quantization():
     cfg, code = _zero_code("zero3-offload-int4", "m", 2, "fp16", None)
     assert cfg["weight_quantization"]["quantized_initialization"]["num_bits"] == 4
     assert cfg["fp16"] == {"enabled": True} and '"weight_quantization"' in code
+
+
+def test_loading_bench_reestimates_a_recorded_run(tmp_path):
+    """bench/plan/loading_gpu.py --reestimate: today's predictions beside recorded measurements, no GPU."""
+    root = Path(__file__).resolve().parent.parent
+    rows = [{"size": "7b", "format": "safetensors", "case": c, "peak_anon": 5 * 2**29, "peak_file": f,
+             "peak_rss": 5 * 2**29 + f, "error_rss_pct": 1.0} for c, f in (("to-gpu", 13 * 2**30),
+                                                                             ("cpu-then-to", 5 * 2**30))]
+    run = tmp_path / "loading.jsonl"
+    run.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"summary": True}) + "\n")
+    out = subprocess.run([sys.executable, str(root / "bench/plan/loading_gpu.py"), "--reestimate", str(run)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["cases"] == 2 and summary["recorded_max_abs_rss_error_pct"] == 1.0
+    table = {ln.split("|")[3].strip(): [c.strip() for c in ln.split("|")[4:7]] for ln in lines if "| 7b |" in ln}
+    assert table["to-gpu"][1].startswith("13.00 / ") and table["cpu-then-to"][1].startswith("5.00 / ")
+    file_to_gpu = float(table["to-gpu"][1].split("/")[1])
+    file_cpu = float(table["cpu-then-to"][1].split("/")[1])
+    assert file_cpu < file_to_gpu / 2  # one 5 GB shard of three resident at a time vs the whole checkpoint

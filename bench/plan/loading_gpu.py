@@ -21,6 +21,12 @@ Disk: one checkpoint at a time (7B bf16: 13.5 GB), deleted after its cases. Runt
 about 4 minutes with the default sizes.
 
     PYTHONPATH=/tmp/site:$PWD/src python3 bench/plan/loading_gpu.py /tmp/dsd-loading > loading.jsonl
+
+``--reestimate RUN.tar.gz|loading.jsonl`` measures nothing and needs no GPU: it recomputes the predictions of
+the current ``dsdoctor.plan.loading`` for each recorded case (the checkpoint's shard sizes rebuilt from the
+shape on the meta device, split as the writer split it) and prints a table of measured vs predicted:
+
+    PYTHONPATH=$PWD/src python3 bench/plan/loading_gpu.py --reestimate bench/plan/runs/loading-gpu-run1.tar.gz
 """
 from __future__ import annotations
 
@@ -188,7 +194,9 @@ def measure(case: str, directory: str, timeout_s: float) -> dict:
     return result
 
 
-def predicted(case: str, directory: str, size: str) -> dict:
+def predicted(case: str, directory: str, size: str, ckpt=None) -> dict:
+    """plan's prediction for a case; ``ckpt`` (a ``loading.Checkpoint``) when the directory holds only the
+    config (re-estimation), else read from the directory."""
     sys.path.insert(0, os.path.join(ROOT, "src"))
     from dsdoctor.model.inventory import from_formula
     from dsdoctor.model.spec import load_model_spec
@@ -198,7 +206,7 @@ def predicted(case: str, directory: str, size: str) -> dict:
     inv = from_formula(spec)
     weights = inv.num_params * 2
     largest = max(p.numel for p in inv.params) * 2
-    ckpt = loading.find_checkpoint(spec.path, weights, "bf16")
+    ckpt = ckpt or loading.find_checkpoint(spec.path, weights, "bf16")
     if case in ("to-gpu", "cpu-then-to"):
         m = {x.method: x for x in loading.plain_methods(ckpt, "bf16", 1, weights)}[case]
     elif case == "cpu-convert":
@@ -207,9 +215,98 @@ def predicted(case: str, directory: str, size: str) -> dict:
         m = loading.zero3_methods(ckpt, "bf16", 1, weights)[0]
     else:
         m = {x.method: x for x in loading.tp_methods(ckpt, "bf16", 1, 1, weights, largest)}["cpu-model"]
-    return {"predicted_anon": m.anon_bytes, "predicted_file": m.file_rss_bytes,
-            "predicted_rss": m.anon_bytes + m.file_rss_bytes,
-            "checkpoint_bytes": ckpt.total_bytes, "checkpoint_files": ckpt.files}
+    return {"predicted_anon": m.anon_bytes, "predicted_file": m.file_rss_bytes, "predicted_rss": m.rss_bytes,
+            "checkpoint_bytes": ckpt.total_bytes, "checkpoint_files": ckpt.files,
+            "checkpoint_largest_bytes": ckpt.largest_file_bytes}
+
+
+# ------------------------------------------------------------------------------------- re-estimation
+
+def shard_sizes(size: str, fmt: str) -> list[int]:
+    """Tensor bytes per file as ``write_checkpoint`` splits them (5 GB shards), from a meta-device model:
+    huggingface_hub's split (what save_pretrained calls) for safetensors, ``_save_bin``'s own for .bin."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**llama_config(size)), dtype=torch.bfloat16)
+    state = model.state_dict()
+    nbytes = {k: t.numel() * t.element_size() for k, t in state.items()}
+    if fmt == "safetensors":
+        from huggingface_hub import split_torch_state_dict_into_shards
+
+        split = split_torch_state_dict_into_shards(state, max_shard_size="5GB")
+        return [sum(nbytes[k] for k in keys) for keys in split.filename_to_tensors.values()]
+    shards, size_now = [], 0
+    for n in nbytes.values():
+        if size_now and size_now + n > 5 * 10**9:
+            shards.append(size_now)
+            size_now = 0
+        size_now += n
+    return shards + [size_now]
+
+
+def _read_records(path: str) -> list[dict]:
+    if path.endswith((".tar.gz", ".tgz")):
+        import tarfile
+
+        with tarfile.open(path) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("loading.jsonl"))
+            text = tar.extractfile(member).read().decode()
+    else:
+        with open(path) as fh:
+            text = fh.read()
+    return [r for r in (json.loads(ln) for ln in text.splitlines() if ln.startswith("{")) if "case" in r]
+
+
+def reestimate(path: str) -> int:
+    """Today's predictions for a recorded run, beside the measurements and the run's own predictions."""
+    import tempfile
+
+    sys.path.insert(0, os.path.join(ROOT, "src"))
+    from dsdoctor.plan import loading
+
+    rows, errs, old = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in _read_records(path):
+            if "error" in r:
+                continue
+            directory = os.path.join(tmp, r["size"])
+            if not os.path.isdir(directory):
+                os.makedirs(directory)
+                with open(os.path.join(directory, "config.json"), "w") as fh:
+                    json.dump(llama_config(r["size"]), fh)
+            shards = shard_sizes(r["size"], r["format"])
+            ckpt = loading.Checkpoint(r["format"], sum(shards), max(shards), len(shards), "bf16", True)
+            p = predicted(r["case"], directory, r["size"], ckpt)
+            err = 100 * (p["predicted_rss"] - r["peak_rss"]) / r["peak_rss"]
+            rows.append({**{k: r[k] for k in ("size", "format", "case", "peak_anon", "peak_file", "peak_rss")},
+                         **{k: p[k] for k in ("predicted_anon", "predicted_file", "predicted_rss")},
+                         "recorded_error_rss_pct": r.get("error_rss_pct"), "error_rss_pct": round(err, 1),
+                         "error_anon_pct": round(100 * (p["predicted_anon"] - r["peak_anon"]) / r["peak_anon"], 1),
+                         "error_file_pct": round(100 * (p["predicted_file"] - r["peak_file"]) / r["peak_file"], 1)})
+            errs.append(abs(err))
+            if r.get("error_rss_pct") is not None:
+                old.append(abs(r["error_rss_pct"]))
+    print("| size | format | case | anon measured / predicted | file measured / predicted | RSS measured / "
+          "predicted | RSS error before | RSS error now |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w in rows:
+        g = {k: f"{w[k] / GiB:.2f}" for k in w if k.startswith(("peak", "predicted"))}
+        print(f"| {w['size']} | {w['format']} | {w['case']} | {g['peak_anon']} / {g['predicted_anon']} | "
+              f"{g['peak_file']} / {g['predicted_file']} | {g['peak_rss']} / {g['predicted_rss']} | "
+              f"{w['recorded_error_rss_pct']:+.1f}% | {w['error_rss_pct']:+.1f}% |")
+    errs.sort()
+    old.sort()
+    summary = {"summary": True, "cases": len(errs),
+               "median_abs_rss_error_pct": round(errs[len(errs) // 2], 1) if errs else None,
+               "max_abs_rss_error_pct": round(errs[-1], 1) if errs else None,
+               "recorded_median_abs_rss_error_pct": old[len(old) // 2] if old else None,
+               "recorded_max_abs_rss_error_pct": old[-1] if old else None,
+               "max_abs_anon_error_pct": max((abs(w["error_anon_pct"]) for w in rows), default=None),
+               "max_abs_file_error_pct": max((abs(w["error_file_pct"]) for w in rows), default=None)}
+    print(json.dumps(summary))
+    return 0 if rows else 2
 
 
 def main() -> int:
@@ -217,12 +314,18 @@ def main() -> int:
         child(sys.argv[2], sys.argv[3])
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workdir", help="where checkpoints are written (one at a time; 13.5 GB for 7b) and deleted")
+    ap.add_argument("workdir", nargs="?", help="where checkpoints are written (one at a time; 13.5 GB for 7b) and deleted")
     ap.add_argument("--sizes", default="1b,7b", help="Llama shapes: 1b,7b (default both)")
     ap.add_argument("--formats", default="safetensors,bin")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--timeout-s", type=float, default=180)
+    ap.add_argument("--reestimate", metavar="RUN", help="recompute predictions for a recorded loading.jsonl "
+                    "(or a run .tar.gz) with today's model; measures nothing, needs no GPU")
     args = ap.parse_args()
+    if args.reestimate:
+        return reestimate(args.reestimate)
+    if not args.workdir:
+        ap.error("give WORKDIR (or --reestimate RUN)")
     os.makedirs(args.workdir, exist_ok=True)
     errors = []
     for size in args.sizes.split(","):

@@ -8,23 +8,32 @@ A process's resident memory has two kinds of pages, and they count differently:
   shows them in its RSS, but the page cache holds them once; the kernel can drop them under pressure
   (clean pages), and a cgroup charges them once. ``ps`` sums them per process; ``free`` does not.
 
-What transformers 5 and DeepSpeed 0.19 do (read in their sources, measured by ``bench/plan/loading_gpu.py``):
+What transformers 5 and DeepSpeed 0.19 do (read in their sources, measured by ``bench/plan/loading_gpu.py``).
+The rule behind every figure: a mapped page counts in RSS once it is *read*, and leaves when its file is
+*unmapped*; safetensors keeps one mapping per file, alive while any tensor of that file is.
 
-* ``from_pretrained`` of safetensors memory-maps every shard (``safe_open(..., backend="mmap")``), builds the
-  model on the meta device and materializes each tensor on its target device; with ``device_map="cuda"`` the
-  mapped shards stay open until the end of the load, so the whole checkpoint shows as file-backed RSS.
-* on the CPU, a tensor whose dtype matches the checkpoint's stays a view of the mapping (no copy);
-  a dtype conversion materializes an anonymous copy of every weight.
-* ``.bin`` checkpoints: ``torch.load(mmap=True, weights_only=True)`` for the zip format (file-backed), all
-  shards' state dicts merged before loading; the legacy (pre-zip) format is read whole (anonymous).
-* under ZeRO-3 (``HfDeepSpeedConfig`` kept alive), rank 0 maps the checkpoint on the CPU and the other ranks
-  only read keys on the meta device; each module is built under ``zero.Init`` and partitioned.
-* ``deepspeed.init_inference`` (AutoTP) slices whatever model it gets: built on the CPU by each rank, every
-  rank maps (or, with a dtype conversion, copies) the whole model; from a meta-device model with a checkpoint
-  description (``checkpoint=`` JSON, kernel injection) each rank reads one checkpoint file at a time; from a
-  pre-sharded checkpoint (``save_mp_checkpoint_path``) each rank reads only its own slice files.
+* ``from_pretrained`` (``PreTrainedModel._load_pretrained_model``) maps every shard at once
+  (``safe_open(..., backend="mmap")``, or ``torch.load(mmap=True)`` for a zip ``.bin``: the same pages) and
+  closes the handles only after ``convert_and_load_state_dict_in_model`` has placed every weight.
+* ``device_map="cuda"``: each weight is copied to the GPU inside that loop, so every page is read while every
+  file is still mapped: the whole checkpoint is file-backed RSS at the end of the load.
+* on the CPU without a dtype change, ``tensor[...]`` keeps a view of the mapping: no page is read during
+  ``from_pretrained``. ``.to("cuda")`` then reads one tensor at a time and drops its CPU view; a file is
+  unmapped when its last tensor has moved. At most about one shard is resident: the largest file.
+* on the CPU with a dtype change, every weight is converted (read) inside the loop: the whole checkpoint is
+  mapped and read, plus an anonymous copy of every weight.
+* legacy (pre-zip) ``.bin``: read whole by ``torch.load`` without a mapping (anonymous).
+* under ZeRO-3 (``HfDeepSpeedConfig`` kept alive) rank 0 loads every file with ``map_location="cpu"`` and keeps
+  the merged state dict until every partition has been filled: the whole checkpoint is read while mapped. The
+  other ranks read keys only (``map_location="meta"``).
+* ``deepspeed.init_inference`` (AutoTP) with a CPU-built model: each rank does what ``cpu-then-to`` does;
+  with ``tp_size`` > 1 it slices each linear on the CPU first (one sliced weight at a time: not measured).
+  From a meta-device model with a checkpoint description each rank reads one checkpoint file at a time;
+  from a pre-sharded checkpoint (``save_mp_checkpoint_path``) only its own slice files.
 
-Per process, python + torch + the CUDA runtime hold about ``PROCESS_BASE`` of anonymous memory.
+The per-process floor (``PROCESS_BASE``, ``ZERO3_RUNTIME``, ``PROCESS_FILE``) is a measured machine figure,
+not derived from a model: the memory each process held at the END of its load on one H200 host (weights on
+the GPU, checkpoint unmapped), 1B and 7B alike, in ``bench/plan/runs/loading-gpu-run1.tar.gz``.
 """
 from __future__ import annotations
 
@@ -32,7 +41,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GiB = 1024**3
-PROCESS_BASE = 1 * GiB  # python, torch, CUDA runtime: anonymous, per process (13.5 GiB measured - 12.6 GiB mapped)
+# Measured machine figures (one H200 host; torch 2.11 + CUDA 12, transformers 5.17, DeepSpeed 0.19.8): what a
+# process holds at the end of a load, before and after which no weight is on the host. Another machine or
+# software stack differs by some tenths of a GiB; they are not fitted to the loading peaks.
+PROCESS_BASE = GiB // 2  # anonymous: python + torch + transformers + the CUDA context's host side (0.48-0.50)
+ZERO3_RUNTIME = int(0.43 * GiB)  # anonymous, per rank, added once zero.Init has run (0.92-0.93 GiB in all)
+PROCESS_FILE = int(0.42 * GiB)  # file-backed: shared libraries (libtorch, CUDA, NCCL) every process maps (0.41-0.44)
 DEFAULT_SHARD = 5 * 10**9  # assumed when the directory has no weights: most published checkpoints use 5 GB shards
 # (transformers 4 save_pretrained; transformers 5 writes 50 GB shards)
 
@@ -81,17 +95,23 @@ class HostLoad:
     """Host memory of one loading method, all processes of the machine together."""
     method: str
     anon_bytes: int  # anonymous pages: heap, CPU copies, pinned buffers (decides fits)
-    file_bytes: int  # file-backed pages mapped at once, counted once (the page cache)
-    file_rss_bytes: int  # file-backed pages as the processes' RSS shows them (summed over processes)
+    file_bytes: int  # checkpoint pages mapped at once, counted once (the page cache)
+    file_rss_bytes: int  # file-backed pages as the processes' RSS shows them: checkpoint + libraries, summed
     processes: int
     code: str  # what to write
     notes: list = field(default_factory=list)
+    base_bytes: int = 0  # the processes' anonymous floor (PROCESS_BASE, + ZERO3_RUNTIME under zero.Init)
 
     @property
     def peak_bytes(self) -> int:
         """What must fit in host memory: anonymous pages. Mapped checkpoint pages are clean and file-backed:
         the kernel (and a cgroup limit) reclaims them under pressure instead of failing; they cost speed."""
         return self.anon_bytes
+
+    @property
+    def rss_bytes(self) -> int:
+        """The processes' peak RSS summed (what ``ps`` adds up): anonymous + file-backed."""
+        return self.anon_bytes + self.file_rss_bytes
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -103,35 +123,52 @@ def _converts(ckpt: Checkpoint, load_dtype: str) -> bool:
     return ckpt.dtype is not None and ckpt.dtype != load_dtype
 
 
+def _load(method: str, procs: int, base: int, extra_anon: int, mapped_per_proc: int, mapped_once: int,
+          code: str, notes: list | None = None) -> HostLoad:
+    """A method's figures from its mechanism: per process a floor, the anonymous copies it makes and the
+    checkpoint pages it has read while still mapped; the page cache holds mapped pages once."""
+    return HostLoad(method, base + extra_anon, mapped_once, (mapped_per_proc + PROCESS_FILE) * procs, procs, code,
+                    notes or [], base)
+
+
+def _cpu_build(ckpt: Checkpoint, load_dtype: str, weights: int) -> tuple[int, int, list]:
+    """One process builds the model on the CPU and moves it: (anonymous bytes, mapped pages read, notes)."""
+    if ckpt.format == "bin-legacy":  # read whole into anonymous memory, converted copies beside it
+        extra = weights if _converts(ckpt, load_dtype) else 0
+        return ckpt.total_bytes + extra, 0, ["a legacy (pre-zip) .bin is read whole into anonymous memory"]
+    if _converts(ckpt, load_dtype):  # every weight read and converted while every file is mapped
+        return weights, ckpt.total_bytes, ["a dtype conversion on the CPU makes an anonymous copy of every weight "
+                                           "and reads the whole checkpoint while it is mapped"]
+    # views of the mapping; .to() reads one tensor at a time and a file is unmapped after its last tensor
+    return 0, min(ckpt.largest_file_bytes, ckpt.total_bytes), []
+
+
 def plain_methods(ckpt: Checkpoint, load_dtype: str, procs: int, weights: int) -> list[HostLoad]:
     """One process per GPU, each loading the whole model."""
     base = PROCESS_BASE * procs
     legacy = ckpt.format == "bin-legacy"
-    out = []
-    # straight to the GPU: every shard mapped until the load ends; conversions happen on the GPU
-    anon = base + (ckpt.total_bytes * procs if legacy else 0)
-    file = 0 if legacy else ckpt.total_bytes
-    out.append(HostLoad("to-gpu", anon, file, file * procs, procs,
-                        'from_pretrained(path, dtype=DTYPE, device_map=f"cuda:{local_rank}")'))
-    # on the CPU first: mapped views (or converted copies), then .to("cuda")
-    convert = _converts(ckpt, load_dtype) or legacy
-    anon = base + (weights * procs if convert else 0)
-    file = 0 if legacy else ckpt.total_bytes
-    notes = ["a dtype conversion on the CPU makes an anonymous copy of every weight"] if convert else []
-    out.append(HostLoad("cpu-then-to", anon, file, file * procs, procs,
-                        'from_pretrained(path, dtype=DTYPE).to(f"cuda:{local_rank}")', notes))
+    # straight to the GPU: every page read while every file is mapped; conversions happen on the GPU
+    mapped = 0 if legacy else ckpt.total_bytes
+    out = [_load("to-gpu", procs, base, ckpt.total_bytes * procs if legacy else 0, mapped, mapped,
+                 'from_pretrained(path, dtype=DTYPE, device_map=f"cuda:{local_rank}")')]
+    # on the CPU first, then .to("cuda")
+    anon, mapped, notes = _cpu_build(ckpt, load_dtype, weights)
+    out.append(_load("cpu-then-to", procs, base, anon * procs, mapped, min(ckpt.total_bytes, mapped * procs),
+                     'from_pretrained(path, dtype=DTYPE).to(f"cuda:{local_rank}")', notes))
     return out
 
 
 def zero3_methods(ckpt: Checkpoint, load_dtype: str, ranks: int, weights: int) -> list[HostLoad]:
     """``from_pretrained`` under ``zero.Init``: rank 0 reads the checkpoint, the others keys only."""
     legacy = ckpt.format == "bin-legacy"
-    anon = PROCESS_BASE * ranks + (ckpt.total_bytes if legacy else 0)
-    file = 0 if legacy else ckpt.total_bytes
-    return [HostLoad("zero-init", anon, file, file, ranks,
-                     "HfDeepSpeedConfig(ds_config) kept alive, then from_pretrained(path, dtype=DTYPE)",
-                     ["rank 0 maps the checkpoint, the other ranks build from keys (transformers >= 5); "
-                      "transformers 4 reads every shard on every rank"])]
+    base = (PROCESS_BASE + ZERO3_RUNTIME) * ranks
+    mapped = 0 if legacy else ckpt.total_bytes
+    load = _load("zero-init", ranks, base, ckpt.total_bytes if legacy else 0, 0, mapped,
+                 "HfDeepSpeedConfig(ds_config) kept alive, then from_pretrained(path, dtype=DTYPE)",
+                 ["rank 0 maps the checkpoint, the other ranks build from keys (transformers >= 5); "
+                  "transformers 4 reads every shard on every rank"])
+    load.file_rss_bytes += mapped  # rank 0 only
+    return [load]
 
 
 def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weights: int,
@@ -139,35 +176,33 @@ def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weight
     """AutoTP over ``tp`` ranks, ``replicas`` groups: ``tp * replicas`` processes."""
     procs = tp * replicas
     base = PROCESS_BASE * procs
-    legacy = ckpt.format == "bin-legacy"
-    convert = _converts(ckpt, load_dtype) or legacy
     out = []
-    # every rank builds the model on the CPU, init_inference slices it
-    anon = base + (weights * procs if convert else largest_param_bytes * procs)
-    file = 0 if legacy else ckpt.total_bytes
-    notes = (["every rank holds a full CPU copy (dtype conversion or a legacy .bin)"] if convert else
-             ["every rank maps the whole checkpoint: file-backed, shared through the page cache"])
-    out.append(HostLoad("cpu-model", anon, file, file * procs, procs,
-                        "model = from_pretrained(path, dtype=DTYPE)  # on the CPU, every rank\n"
-                        "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE)",
-                        notes))
+    # every rank builds the model on the CPU (as cpu-then-to), init_inference slices it (tp > 1)
+    anon, mapped, notes = _cpu_build(ckpt, load_dtype, weights)
+    if tp > 1:
+        anon += largest_param_bytes
+    notes = notes + (["every rank holds a full CPU copy"] if anon >= weights else
+                     ["every rank maps the checkpoint, about one shard at a time: file-backed, shared through "
+                      "the page cache"])
+    out.append(_load("cpu-model", procs, base, anon * procs, mapped, min(ckpt.total_bytes, mapped * procs),
+                     "model = from_pretrained(path, dtype=DTYPE)  # on the CPU, every rank\n"
+                     "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE)",
+                     notes))
     # meta-device model + checkpoint description: one checkpoint file at a time per rank
-    anon = base + ckpt.largest_file_bytes * procs
-    out.append(HostLoad("meta-checkpoint", anon, 0, 0, procs,
-                        "with deepspeed.OnDevice(dtype=DTYPE, device=\"meta\"): model = "
-                        "AutoModelForCausalLM.from_config(config)\n"
-                        "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE, "
-                        "checkpoint=\"checkpoints.json\", replace_with_kernel_inject=True)",
-                        ["needs kernel injection (replace_with_kernel_inject=True) and a DeepSpeed injection "
-                         "policy for the architecture; checkpoints.json lists the checkpoint files; the injected "
-                         "kernels' workspace is not in the GPU peak (modelled for AutoTP without injection)"]))
+    out.append(_load("meta-checkpoint", procs, base, ckpt.largest_file_bytes * procs, 0, 0,
+                     "with deepspeed.OnDevice(dtype=DTYPE, device=\"meta\"): model = "
+                     "AutoModelForCausalLM.from_config(config)\n"
+                     "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE, "
+                     "checkpoint=\"checkpoints.json\", replace_with_kernel_inject=True)",
+                     ["needs kernel injection (replace_with_kernel_inject=True) and a DeepSpeed injection "
+                      "policy for the architecture; checkpoints.json lists the checkpoint files; the injected "
+                      "kernels' workspace is not in the GPU peak (modelled for AutoTP without injection)"]))
     # pre-sharded: each rank reads its own slice
-    anon = base + -(-weights // tp) * procs
-    out.append(HostLoad("pre-sharded", anon, 0, 0, procs,
-                        "engine = deepspeed.init_inference(model_on_meta, tensor_parallel={\"tp_size\": TP}, "
-                        "checkpoint=\"sharded/ds_inference_config.json\", replace_with_kernel_inject=True)",
-                        ["write the shards once with init_inference(..., save_mp_checkpoint_path=DIR) on a "
-                         "machine that can hold the full model; kernel injection as for meta-checkpoint"]))
+    out.append(_load("pre-sharded", procs, base, -(-weights // tp) * procs, 0, 0,
+                     "engine = deepspeed.init_inference(model_on_meta, tensor_parallel={\"tp_size\": TP}, "
+                     "checkpoint=\"sharded/ds_inference_config.json\", replace_with_kernel_inject=True)",
+                     ["write the shards once with init_inference(..., save_mp_checkpoint_path=DIR) on a "
+                      "machine that can hold the full model; kernel injection as for meta-checkpoint"]))
     return out
 
 
@@ -201,7 +236,7 @@ def apply_loading(mem, methods: list[HostLoad], host_memory: int) -> tuple[HostL
     other_sum = sum(other.values())
     method, ok = choose_method(methods, host_memory, other_sum)
     host = dict(other)
-    base = PROCESS_BASE * method.processes
+    base = method.base_bytes
     host["process_base"] = base
     if method.anon_bytes > base:
         host["load_anon"] = method.anon_bytes - base
