@@ -340,6 +340,8 @@ def _inference_tp(cfg, kwargs):
 # ------------------------------------------------------------------------ torch
 
 def _patch_torch(torch):
+    # per-phase GPU peaks without changing what the program reads about its own memory (see PeakLedger)
+    _safe(recorder.shield_cuda_counters, getattr(torch, "_C", None))
     original_load = torch.load
     if getattr(original_load, "_dsdoctor", False):
         return
