@@ -322,6 +322,8 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
             found.append(Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),
                                             "default": human_count(v.default), "bytes": nbytes}))
 
+    found += _prefetch_disabled(eff)
+
     # DSD110: fp16 for a bf16 model
     if spec and spec.dtype == "bf16" and eff.dtype == "fp16":
         src = eff.values["fp16.enabled"]
@@ -349,6 +351,21 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
             found.append(Finding("DSD112", {"count": len(present), "keys": ", ".join(present), "config": name}))
 
     return sort_findings(found)
+
+
+def _prefetch_disabled(eff: Effective) -> list[Finding]:
+    """DSD322: a ZeRO-3 prefetch bucket or live-parameter budget of 0 switches prefetching off."""
+    if eff.zero_stage != 3:
+        return []
+    zeros = [eff.values[c] for c in ("prefetch_bucket_size", "max_live_parameters")
+             if eff.values[c].value is not None and eff.values[c].value == 0]
+    if not zeros:
+        return []
+    keys = [v.key for v in zeros]
+    return [Finding("DSD322", {
+        "knobs": ", ".join(f"{k} = 0" for k in keys), "keys": " and ".join(keys),
+        "default_prefetch": human_count(eff.values["prefetch_bucket_size"].default),
+        "default_live": human_count(eff.values["max_live_parameters"].default)})]
 
 
 _ALIAS_TO_CANONICAL = {alias: canonical for canonical, alias in STAGE3_ALIASES.items()}

@@ -17,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+PRIORITY = ("DSD320", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -116,6 +116,49 @@ class AbResult:
             out.append(f"\n**{'Diagnosis' if lang == 'en' else '诊断'}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
         out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
         return "".join(out)
+
+
+REWRITTEN_AT = ("deepspeed.initialize", "HfDeepSpeedConfig")
+
+
+def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str]) -> Finding | None:
+    """DSD320 when the variants cannot change this run: after ``as-is``, when no rank handed a config that the
+    observer can rewrite to deepspeed.initialize or HfDeepSpeedConfig; after any other variant, when no rank
+    received that variant's config. None when ab can go on."""
+    seen = [c for r in t.ranks for c in r.configs_seen]
+    if name == "as-is":
+        if not following or any(c.get("api") in REWRITTEN_AT and c.get("rewritable") for c in seen):
+            return None
+        variant = following[0] + (f" (and {len(following) - 1} more)" if len(following) > 1 else "")
+    elif any(c.get("variant_applied") == name for c in seen):
+        return None
+    else:
+        variant = name
+    apis = {c.get("api") for c in seen}
+    if "deepspeed.init_inference" in apis:
+        why = "the run hands its config to deepspeed.init_inference, which takes an inference config, not a ZeRO one"
+        why_zh = "该运行把配置交给 deepspeed.init_inference，它接收的是推理配置而不是 ZeRO 配置"
+        advice = ("compare load paths with dsdoctor plan (and their outputs with dsdoctor compare); ab varies "
+                  "configs given to deepspeed.initialize or HfDeepSpeedConfig")
+        advice_zh = ("用 dsdoctor plan 比较加载方式（用 dsdoctor compare 比较输出）；ab 只能改写交给 "
+                     "deepspeed.initialize 或 HfDeepSpeedConfig 的配置")
+    elif apis & set(REWRITTEN_AT):
+        why = "the config reached DeepSpeed in a form dsdoctor cannot rewrite (not a dict or a file)"
+        why_zh = "配置以 dsdoctor 无法改写的形式（不是 dict 或文件）到达 DeepSpeed"
+        advice = "pass the config to deepspeed.initialize as a dict or a file path"
+        advice_zh = "把配置以 dict 或文件路径的形式传给 deepspeed.initialize"
+    elif t.status not in ("ok",) and not seen:
+        why = f"the run ended ({t.status}) before any config reached DeepSpeed"
+        why_zh = f"运行在任何配置到达 DeepSpeed 之前就结束了（{t.status}）"
+        advice = "fix the run first: dsdoctor trace -- COMMAND shows where it stops"
+        advice_zh = "先修复运行：dsdoctor trace -- COMMAND 会显示它停在哪里"
+    else:
+        why = "no DeepSpeed config reached deepspeed.initialize or HfDeepSpeedConfig in this run"
+        why_zh = "本次运行中没有 DeepSpeed 配置到达 deepspeed.initialize 或 HfDeepSpeedConfig"
+        advice = "ab needs a run that passes a DeepSpeed config; compare load paths with dsdoctor plan instead"
+        advice_zh = "ab 需要一个会传入 DeepSpeed 配置的运行；改用 dsdoctor plan 比较加载方式"
+    return Finding("DSD320", {"variant": variant, "why": why, "why_zh": why_zh, "ran": ", ".join(ran), "advice": advice,
+                              "advice_zh": advice_zh})
 
 
 def _metric(v: VariantResult, gpu: bool):
