@@ -129,7 +129,7 @@ def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str])
     if name == "as-is":
         if not following or any(c.get("api") in REWRITTEN_AT and c.get("rewritable") for c in seen):
             return None
-        variant = following[0] + (f" (and {len(following) - 1} more)" if len(following) > 1 else "")
+        variant = ", ".join(following)
     elif any(c.get("variant_applied") == name for c in seen):
         return None
     else:

@@ -604,6 +604,9 @@ def _phase_advice(base: str, rec: RankRecord | None) -> tuple[str, str]:
         if init is not None and not engine.get("optimizer") and not init.error:
             return ("what deepspeed.initialize builds (no optimizer was built: the weights and their partitioning)",
                     "deepspeed.initialize 构建的东西（没有构建优化器：权重及其分片）")
+    if base == "generate" and not any(c.get("summary", {}).get("stage") == 3 for c in configs):
+        return ("the KV cache and activations of generate: a smaller batch or shorter generation lowers it",
+                "generate 的 KV cache 和激活：减小 batch 或缩短生成可以降低它")
     return _PHASE_ADVICE.get(base, ("something the script does outside the observed calls",
                                     "脚本在被观察调用之外做的事情"))
 

@@ -375,8 +375,8 @@ rule(
 
 rule(
     "DSD320", "ab-variants-not-applied", "error",
-    message={"en": "variant {variant} could not be applied: {why}; ab stopped after {ran}",
-             "zh": "变体 {variant} 无法应用：{why_zh}；ab 在 {ran} 之后停止"},
+    message={"en": "the config variants could not be applied ({variant}): {why}; ab stopped after {ran}",
+             "zh": "配置变体无法应用（{variant}）：{why_zh}；ab 在 {ran} 之后停止"},
     fix={"en": "{advice}", "zh": "{advice_zh}"},
     explanation=_x(
         "ab rewrites the DeepSpeed config inside each rank, where the script hands it to `deepspeed.initialize` or "
