@@ -26,7 +26,7 @@ def test_hfdeepspeedconfig_dict_in_code_is_captured_and_diagnosed(tmp_path):
     out = tmp_path / "d"
     r, data = _diagnose(out, sys.executable, ROOT / "tests" / "trace_scripts" / "generate_plain.py")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert data["sources"]["config"] == "captured from HfDeepSpeedConfig (a dict built in the script)"
+    assert data["sources"]["config"] == "captured from HfDeepSpeedConfig: a dict built in the script"
     assert data["sources"]["model"].startswith("captured from the run: LlamaForCausalLM")
     assert data["sources"]["workload"] == "batch 3, prompt 5 tokens, 4 new tokens (from the run)"
     assert json.loads((out / "ds_config_captured.json").read_text()) == {
@@ -56,7 +56,7 @@ def test_two_rank_script_with_its_config_in_code_is_reported_on_its_own_terms(tm
                         SCRIPTS / "infer_config_in_code.py", "--batch", "2", "--new-tokens", "8",
                         env=deepspeed_env())
     assert r.returncode == 0, r.stderr[-3000:]
-    assert data["sources"]["config"] == "captured from deepspeed.initialize (a dict built in the script)"
+    assert data["sources"]["config"] == "captured from deepspeed.initialize: a dict built in the script"
     assert data["sources"]["workload"] == "batch 2, prompt 6 tokens, 8 new tokens (from the run)"
     assert json.loads((out / "ds_config_captured.json").read_text()) == {
         "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}

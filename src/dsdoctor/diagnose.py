@@ -91,7 +91,11 @@ class DiagnoseResult:
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         glyph = {"done": style.ok, "skipped": "-", "failed": style.error}
-        lines = [self._inputs_line(lang), ""]
+        lines = [self._inputs_line(lang)]
+        if self.sources.get("config") == "bundled example":
+            lines.append("(the bundled example, not your setup: pass --config/--model, or your command after --)"
+                         if lang == "en" else "（这是内置示例，不是你的环境：请传入 --config/--model，或在 -- 之后给出你的命令）")
+        lines.append("")
         for s in self.steps:
             lines.append(f"{glyph[s.status]} {STEP_TITLES[s.key][lang]}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
@@ -233,6 +237,9 @@ def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
         f"已写出 `{final}`：相对训练配置改动 {n} 处（去掉优化器相关项，保留 stage 与 offload_param，"
         f"解析所有 \"auto\"）。ZeRO-3 推理时把它传给 `deepspeed.initialize`。",
     )
+    if n == 0:
+        summary = _t(f"Wrote `{final}`: the config is already inference-only (nothing to drop or resolve).",
+                     f"已写出 `{final}`：该配置已经是仅推理配置（没有需要去掉或解析的项）。")
     details = result.to_markdown(lang)
     return Step("split", "done", summary, list(result.findings), details,
                 data={"changes": n, "config": result.config}, artifacts=["ds_inference.json"])
@@ -400,7 +407,7 @@ class Captured:
 
     def config_text(self) -> str:
         src = self.config_source if self.config_source not in (None, "dict") else "a dict built in the script"
-        return f"captured from {self.config_api} ({src})"
+        return f"captured from {self.config_api}: {src}"
 
     def model_text(self) -> str:
         n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
