@@ -113,11 +113,12 @@ def _model_config_dict(model) -> dict | None:
 
 def _write_model(rec, model, api: str) -> None:
     """One ``model`` event: the model the run built (its class, parameter count, config.json as a dict), so a
-    report can plan for the model the script really used. Written once per model object."""
+    report can plan for the model the script really used. Written once per model object at load, and again
+    when it is handed to DeepSpeed (that is the model the run serves)."""
     if model is None or not hasattr(model, "parameters"):
         return
     key = id(model)
-    if key in _models_seen:
+    if key in _models_seen and not api.startswith("deepspeed."):  # handed to DeepSpeed: always say so
         return
     _models_seen.add(key)
     info = _model_info(model)
