@@ -260,3 +260,17 @@ def test_ab_stops_when_the_config_never_reaches_deepspeed_initialize(tmp_path):
     assert "no-offload-param, split" in data["diagnosis"]["message"]
     assert "init_inference" in data["diagnosis"]["message"]
     assert not (out / "split").exists() and (out / "as-is" / "report.json").is_file()
+
+
+def test_an_init_failure_the_config_does_not_explain_stays_dsd308(records_dir, monkeypatch):
+    rec = _rank(records_dir, monkeypatch, 0, world=1)
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}  # DSD101 (an error), but DeepSpeed accepts it
+    rec.write("config", api="deepspeed.initialize", source="dict", config=cfg, summary={"stage": 3})
+    t = rec.begin("init", api="deepspeed.initialize")
+    rec.end(t, error=RuntimeError("the disk is full " * 30))
+    rec.close()
+    ranks, status, findings = _read(records_dir, timed_out=False, returncode=1)
+    assert status == "error" and [f.code for f in findings if f.effective_severity == "error"] == ["DSD308"]
+    detail = next(f for f in findings if f.code == "DSD308").values["detail"]
+    assert detail.endswith("...") and detail[:-3].split()[-1] in {"the", "disk", "is", "full"}  # between words

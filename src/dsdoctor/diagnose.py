@@ -405,6 +405,18 @@ class Captured:
             (tmp / "ds_config_captured.json").write_text(to_json(c.config), encoding="utf-8")
         return c
 
+    def config_file(self) -> str | None:
+        """The file the run read its config from, when it still says what the run passed (checks then name it)."""
+        src = self.config_source
+        if not src or src == "dict" or not Path(src).is_file():
+            return None
+        try:
+            from dsdoctor.config.load import load_config
+
+            return src if load_config(src).raw == self.config else None
+        except Exception:
+            return None
+
     def config_text(self) -> str:
         src = self.config_source if self.config_source not in (None, "dict") else "a dict built in the script"
         return f"captured from {self.config_api}: {src}"
@@ -415,6 +427,17 @@ class Captured:
 
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _unreadable_model(directory: Path) -> str | None:
+    """None when dsdoctor can read the captured config.json as a model spec, else the problem."""
+    from dsdoctor.model.spec import load_model_spec
+
+    try:
+        load_model_spec(directory)
+    except InputError as exc:
+        return exc.problem
+    return None
 
 
 def _workload_value(given, captured: dict | None, key: str) -> tuple[int, str]:
@@ -478,9 +501,13 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             trace_step, traced = _step_trace(command, tmp, timeout, lang)
             captured = Captured.from_trace(traced, tmp)
             if config is None and captured.config is not None:
-                config, sources["config"] = captured.config, captured.config_text()
+                config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
             if model is None and captured.model_dir is not None:
-                model, sources["model"] = captured.model_dir, captured.model_text()
+                problem = _unreadable_model(captured.model_dir)
+                if problem is None:
+                    model, sources["model"] = captured.model_dir, captured.model_text()
+                else:
+                    sources["model"] = f"{captured.model_text()}; dsdoctor cannot plan for it ({problem})"
         if config is None:
             sources["config"] = _no_config_reason(captured)[0]
         sources.setdefault("config", "given")

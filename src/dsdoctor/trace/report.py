@@ -516,7 +516,8 @@ def _error_findings(ranks, records, returncode, log, output_tail) -> list[Findin
 
 
 def _config_doctor_on_rejected(ranks, records) -> list[Finding]:
-    """When deepspeed.initialize raised, the config doctor's error findings on the config it was given."""
+    """When deepspeed.initialize raised, the config doctor's findings on the config it was given that make
+    DeepSpeed raise (empty when none explains the failure: then the error itself is reported)."""
     for r, rec in ((r, next((x for x in records if x.rank == r.rank), None)) for r in ranks):
         failed = next((p for p in (rec.phases if rec else []) if p.name == "init" and p.error
                        and p.info.get("api") == "deepspeed.initialize"), None)
@@ -528,8 +529,13 @@ def _config_doctor_on_rejected(ranks, records) -> list[Finding]:
             found = check(r.config_captured, mode="inference").findings
         except Exception:  # the doctor cannot read it either: the error itself is the best we have
             return []
-        return [f for f in found if f.effective_severity == "error"]
+        return [f for f in found if f.code in REJECTING and f.effective_severity == "error"]
     return []
+
+
+# the config doctor's findings that make DeepSpeed raise at initialize (a rejected key or value, an "auto" it
+# cannot use, stage 1/2 without an optimizer); other errors (an optimizer at inference) do not explain a failure
+REJECTING = ("DSD114", "DSD105", "DSD115")
 
 
 def _same_stage(configured, effective) -> bool:
