@@ -274,3 +274,22 @@ def test_an_init_failure_the_config_does_not_explain_stays_dsd308(records_dir, m
     assert status == "error" and [f.code for f in findings if f.effective_severity == "error"] == ["DSD308"]
     detail = next(f for f in findings if f.code == "DSD308").values["detail"]
     assert detail.endswith("...") and detail[:-3].split()[-1] in {"the", "disk", "is", "full"}  # between words
+
+
+@pytest.mark.deepspeed
+def test_ab_split_of_a_stage_2_config_in_code_compares_with_what_it_passed(tmp_path):
+    """split writes stage 0 for a stage-2 training config: its DSD302 check uses that, not the original."""
+    out = tmp_path / "ab"
+    r = run_cli("ab", "-q", "--format", "json", "--variants", "as-is,split", "--timeout", "400", "-o", str(out), "--",
+                DEEPSPEED, "--num_gpus", "2", "--master_port", free_port(), SCRIPTS / "infer_config_in_code.py",
+                "--stage", "2", "--optimizer", env=deepspeed_env(), timeout=900)
+    data = json.loads(r.stdout)
+    assert [v["status"] for v in data["variants"]] == ["ok", "ok"], r.stderr[-3000:]
+    split = json.loads((out / "split" / "report.json").read_text())
+    for rank in split["ranks"]:
+        assert rank["zero_stage"] == 0 and rank["configured_stage"] == 0 and rank["optimizer"] is None
+        assert rank["config_passed"]["variant_applied"] == "split"
+        assert rank["config_captured"]["zero_optimization"] == {"stage": 0}
+    assert "DSD302" not in {f["code"] for f in split["findings"]}
+    as_is = json.loads((out / "as-is" / "report.json").read_text())
+    assert {x["zero_stage"] for x in as_is["ranks"]} == {2} and all(x["optimizer"] for x in as_is["ranks"])
