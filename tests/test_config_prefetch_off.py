@@ -22,7 +22,8 @@ def test_zero_knobs_switch_prefetch_off():
 
 
 def test_unprefixed_spelling_and_only_under_stage_3():
-    assert "zero_optimization.max_live_parameters = 0" in _codes({"stage": 3, "max_live_parameters": 0})["DSD322"].message()
+    unprefixed = _codes({"stage": 3, "max_live_parameters": 0})["DSD322"]
+    assert "zero_optimization.max_live_parameters = 0" in unprefixed.message()
     assert "DSD322" not in _codes({"stage": 2, "stage3_prefetch_bucket_size": 0})
     assert "DSD322" not in _codes({"stage": 3, "stage3_prefetch_bucket_size": 1e7})
     assert "DSD322" not in _codes({"stage": 3})

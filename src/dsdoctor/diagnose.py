@@ -140,7 +140,8 @@ class DiagnoseResult:
         return f"config: {self.config} ({cfg}); model: {self.model} ({model})"
 
     def _inputs_markdown(self, lang: str) -> str:
-        rows = [("config", self.config, self._source("config", lang)), ("model", self.model, self._source("model", lang))]
+        rows = [("config", self.config, self._source("config", lang)),
+                ("model", self.model, self._source("model", lang))]
         if self.sources.get("workload"):
             rows.append(("workload", self.sources["workload"], ""))
         out = "".join(f"- {k}: `{v}`" + (f" ({src})" if src else "") + "\n" for k, v, src in rows)
