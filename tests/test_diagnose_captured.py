@@ -90,3 +90,14 @@ def test_init_inference_script_is_not_told_to_split(tmp_path):
     assert data["sources"]["model"].startswith("captured from the run: LlamaForCausalLM")
     exit_step = next(s for s in steps if s["step"] == "exit")
     assert "does not use ZeRO-3" in exit_step["summary"]  # nothing to leave
+
+
+def test_workload_flags_win_then_the_run_then_defaults_that_fit_the_model():
+    from dsdoctor.diagnose import _workload
+
+    run = {"batch": 2, "prompt_len": 6, "new_tokens": 8}
+    assert _workload(None, None, None, run) == (2, 6, 8, "from the run")
+    assert _workload(4, None, None, run)[:3] == (4, 6, 8)
+    assert _workload(None, None, None, None) == (1, 512, 128, "defaults")
+    b, p, n, _ = _workload(None, None, None, None, max_positions=128)  # a small model, no generate observed
+    assert p + n <= 128 and p > n > 0

@@ -513,7 +513,8 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             sources["config"] = _no_config_reason(captured)[0]
         sources.setdefault("config", "given")
         sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
-        wl = _workload(batch, prompt_len, new_tokens, captured.workload if captured else None)
+        wl = _workload(batch, prompt_len, new_tokens, captured.workload if captured else None,
+                       _max_positions(model) if sources["model"].startswith("captured") else None)
         sources["workload"] = f"batch {wl[0]}, prompt {wl[1]} tokens, {wl[2]} new tokens ({wl[3]})"
         if gpus is None and captured is not None and captured.world_size and sources["model"] != "given":
             gpus = captured.world_size
@@ -537,8 +538,8 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             except InputError as exc:
                 if sources["model"] == "given":
                     raise
-                plan_step = _skipped("need-zero3", f"plan cannot read the model the run built ({exc.problem})",
-                                     f"plan 无法读取该运行构建的模型（{exc.problem}）")
+                plan_step = _skipped("need-zero3", f"plan failed for the model the run built ({exc.problem})",
+                                     f"plan 无法为该运行构建的模型做规划（{exc.problem}）")
         else:
             plan_step = _skipped("need-zero3", "the run built no model dsdoctor could read (pass --model)",
                                  "该运行没有构建可读取的模型（请传入 --model）")
@@ -579,10 +580,28 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
     return result
 
 
-def _workload(batch, prompt_len, new_tokens, captured: dict | None) -> tuple[int, int, int, str]:
+def _max_positions(model) -> int | None:
+    try:
+        from dsdoctor.model.spec import load_model_spec
+
+        value = load_model_spec(model).max_position_embeddings
+    except Exception:
+        return None
+    return value if isinstance(value, int) and value > 1 else None
+
+
+def _workload(batch, prompt_len, new_tokens, captured: dict | None,
+              max_positions: int | None = None) -> tuple[int, int, int, str]:
+    """(batch, prompt, new tokens, where they came from). Defaults that do not fit a captured model's context
+    (a run that never called generate, with a small model) shrink to fit: 3/4 prompt, 1/4 new tokens."""
     b, bs = _workload_value(batch, captured, "batch")
     p, ps = _workload_value(prompt_len, captured, "prompt_len")
     n, ns = _workload_value(new_tokens, captured, "new_tokens")
+    if max_positions and p + n > max_positions:
+        if ps == "default":
+            p = max(1, min(p, (max_positions * 3) // 4 - (0 if ns == "default" else n)))
+        if ns == "default":
+            n = max(1, min(n, max_positions - p))
     kinds = {bs, ps, ns}
     how = "from the run" if kinds == {"captured"} else "defaults" if kinds == {"default"} else \
         "given" if kinds == {"given"} else ", ".join(f"{k} {v}" for k, v in
