@@ -237,15 +237,21 @@ def test_a_script_that_needs_a_launcher_is_told_so(tmp_path):
 
 
 @pytest.mark.deepspeed
-def test_a_config_deepspeed_rejects_gets_the_config_doctors_finding(tmp_path):
-    r, data = _trace(tmp_path, sys.executable, SCRIPTS / "rejected_config.py", free_port(), env=deepspeed_env())
+@pytest.mark.parametrize("where", ["initialize", "hf"])
+def test_a_config_deepspeed_rejects_gets_the_config_doctors_finding(tmp_path, where):
+    extra = ["--hf"] if where == "hf" else []
+    r, data = _trace(tmp_path, sys.executable, SCRIPTS / "rejected_config.py", free_port(), *extra,
+                     env=deepspeed_env())
     assert r.returncode == 1 and data["status"] == "error", r.stderr[-2000:]
     codes = [f["code"] for f in data["findings"]]
     assert "DSD114" in codes and "DSD308" not in codes
     rejected = next(f for f in data["findings"] if f["code"] == "DSD114")
     assert rejected["message"].startswith("zero_optimization.stage3_prefetch_bucket_size: DeepSpeed rejects")
+    assert "3686.4" in rejected["message"]
     rank = data["ranks"][0]
-    assert rank["config_captured"]["zero_optimization"]["stage3_prefetch_bucket_size"] == 0.5
+    assert rank["config_captured"]["zero_optimization"]["stage3_prefetch_bucket_size"] == 0.9 * 64**2
+    failed = next(p for p in rank["phases"] if p["error"])
+    assert failed["name"] == ("load" if where == "hf" else "init")
 
 
 @pytest.mark.deepspeed

@@ -246,10 +246,15 @@ def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
                 data={"changes": n, "config": result.config}, artifacts=["ds_inference.json"])
 
 
-def _step_trace(command, tmp: Path, timeout, lang) -> tuple[Step, object]:
+def _step_trace(command, tmp: Path, timeout, lang, out: Path | None = None) -> tuple[Step, object]:
     from dsdoctor.trace.api import trace
 
     result = trace(command, out=tmp / "trace", timeout=timeout)
+    if out is not None:  # paths in findings name the report directory, not the one being written
+        for f in result.findings:
+            for key, value in f.values.items():
+                if isinstance(value, str) and str(tmp) in value:
+                    f.values[key] = value.replace(str(tmp), str(out))
     data = result.to_dict(lang)
     ranks = data.get("ranks", [])
     seen = ", ".join(
@@ -499,7 +504,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                  gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, config=config)  # only flags given
         captured, trace_step = None, None
         if command:
-            trace_step, traced = _step_trace(command, tmp, timeout, lang)
+            trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
             captured = Captured.from_trace(traced, tmp)
             if config is None and captured.config is not None:
                 config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
@@ -558,7 +563,8 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             steps.append(Step("ab", "skipped", _t(f"Skipped: {why['en']}.", f"已跳过：{why['zh']}。"),
                               commands=[run]))
         path = plan_result.recommended.path if plan_result is not None else None
-        shown_model = out / "model" if captured is not None and model == captured.model_dir else model
+        shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
+            model == captured.model_dir else model
         if plan_result is not None:
             merged, merge_findings = None, []
             if checkpoint and (path in (None, "plain", "tp")):

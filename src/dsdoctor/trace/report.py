@@ -518,10 +518,11 @@ def _error_findings(ranks, records, returncode, log, output_tail) -> list[Findin
 def _config_doctor_on_rejected(ranks, records) -> list[Finding]:
     """When deepspeed.initialize raised, the config doctor's findings on the config it was given that make
     DeepSpeed raise (empty when none explains the failure: then the error itself is reported)."""
-    for r, rec in ((r, next((x for x in records if x.rank == r.rank), None)) for r in ranks):
-        failed = next((p for p in (rec.phases if rec else []) if p.name == "init" and p.error
-                       and p.info.get("api") == "deepspeed.initialize"), None)
-        if failed is None or not isinstance(r.config_captured, dict):
+    for r in ranks:
+        # the config DeepSpeed parsed: at initialize, or at HfDeepSpeedConfig, whose zero.Init validates it
+        # inside from_pretrained/from_config (a rejection then fails the load, not the init)
+        if r.error is None or not isinstance(r.config_captured, dict) or \
+                (r.config_passed or {}).get("api") not in ("deepspeed.initialize", "HfDeepSpeedConfig"):
             continue
         try:
             from dsdoctor.config.check import check
@@ -586,9 +587,11 @@ def _phase_advice(base: str, rec: RankRecord | None) -> tuple[str, str]:
         hf_first = any(c.get("api") == "HfDeepSpeedConfig" and c.get("is_zero3") and first_load is not None
                        and c.get("t", 0) <= first_load for c in configs)
         if hf_first:
-            return ("the weights at load, already partitioned as they load (HfDeepSpeedConfig was created before "
-                    "from_pretrained): more ranks or offload_param lower each rank's share",
-                    "加载时的权重，加载时已被分片（HfDeepSpeedConfig 在 from_pretrained 之前创建）：更多 rank 或 "
+            api = next((p.info.get("api") or "" for p in phases if p.name == "load"), "")
+            loader = "from_config" if api.endswith("_from_config") else "from_pretrained"
+            return (f"the weights at load, already partitioned as they load (HfDeepSpeedConfig was created before "
+                    f"{loader}): more ranks or offload_param lower each rank's share",
+                    f"加载时的权重，加载时已被分片（HfDeepSpeedConfig 在 {loader} 之前创建）：更多 rank 或 "
                     "offload_param 可降低每个 rank 的份额")
         if any(p.name == "init" and p.info.get("api") == "deepspeed.init_inference" for p in phases):
             return ("the whole model each rank loads before init_inference: load it in the dtype you run "
