@@ -101,3 +101,14 @@ def test_workload_flags_win_then_the_run_then_defaults_that_fit_the_model():
     assert _workload(None, None, None, None) == (1, 512, 128, "defaults")
     b, p, n, _ = _workload(None, None, None, None, max_positions=128)  # a small model, no generate observed
     assert p + n <= 128 and p > n > 0
+
+
+def test_encoder_decoder_run_is_not_planned_as_a_decoder(tmp_path):
+    out = tmp_path / "d"
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "t5_generate.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert data["sources"]["config"].startswith("the run passed no config")
+    assert "T5ForConditionalGeneration" in data["sources"]["model"] and "encoder-decoder" in data["sources"]["model"]
+    plan = next(s for s in data["steps"] if s["step"] == "need-zero3")
+    assert plan["status"] == "skipped" and "encoder-decoder" in plan["summary"]
+    assert data["sources"]["workload"] == "batch 3, prompt 20 tokens, 5 new tokens (from the run)"

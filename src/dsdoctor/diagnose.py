@@ -373,6 +373,7 @@ class Captured:
     world_size: int | None = None
     init_inference: dict | None = None  # the summary of an init_inference call (tp_size, ...)
     stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
+    encoder_decoder: bool = False
 
     @classmethod
     def from_trace(cls, traced, tmp: Path) -> "Captured":
@@ -395,6 +396,7 @@ class Captured:
                     saved["torch_dtype"] = m["param_dtype"]  # the dtype the run's weights really had
                 (directory / "config.json").write_text(to_json(saved), encoding="utf-8")
                 c.model_dir, c.model_class, c.num_params = directory, m.get("model_class"), m.get("num_params")
+                c.encoder_decoder = bool(m.get("is_encoder_decoder"))
                 c.dtype = _DTYPES.get(str(m.get("param_dtype")))
             if c.workload is None and r.workload:
                 c.workload = r.workload
@@ -510,10 +512,12 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                 config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
             if model is None and captured.model_dir is not None:
                 problem = _unreadable_model(captured.model_dir)
+                if problem is None and captured.encoder_decoder:
+                    problem = "an encoder-decoder model; plan models decoder-only LLMs"
                 if problem is None:
                     model, sources["model"] = captured.model_dir, captured.model_text()
                 else:
-                    sources["model"] = f"{captured.model_text()}; dsdoctor cannot plan for it ({problem})"
+                    sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
         if config is None:
             sources["config"] = _no_config_reason(captured)[0]
         sources.setdefault("config", "given")
@@ -545,6 +549,9 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                     raise
                 plan_step = _skipped("need-zero3", f"plan failed for the model the run built ({exc.problem})",
                                      f"plan 无法为该运行构建的模型做规划（{exc.problem}）")
+        elif captured is not None and captured.model_dir is not None:  # captured, but not a model plan can take
+            plan_step = _skipped("need-zero3", f"the run's model is {sources['model']}",
+                                 f"该运行的模型：{sources['model']}")
         else:
             plan_step = _skipped("need-zero3", "the run built no model dsdoctor could read (pass --model)",
                                  "该运行没有构建可读取的模型（请传入 --model）")
