@@ -1,12 +1,12 @@
 # Quick start:  make example   (the main job on the bundled example)
-#               make test      (the whole test suite)
+#               make test      (ruff, then the whole test suite)
 # Both create .venv and install everything they need on first use (Python 3.11, no GPU needed).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dsdoctor-installed
 
-.PHONY: example test test-fast clean
+.PHONY: example test test-fast lint clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,55 @@ example: $(STAMP)
 	@# exit 1 means findings (the bundled example has them on purpose); 2 would be a real failure
 	$(BIN)/dsdoctor diagnose --out dsdoctor-out --force || test $$? -eq 1
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench scripts
+
+test: lint
 	$(BIN)/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -q -m "not deepspeed"
 
 clean:
 	rm -rf $(VENV) dsdoctor-out
+
+# ---- GPU benchmarks (numbers in BENCHMARKS.md; each bench/<name>/README.md says what it measures) ----------
+# Here (a machine with pip access):   make gpu-wheels       DeepSpeed 0.19.8 + its pure-Python needs as wheels in .whl/
+# On the GPU machine, .whl/ carried over, one line per bench (OUT: where the raw outputs go):
+#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare, gpu-bench-config)
+# The GPU machine's image has torch, transformers, accelerate and safetensors; the wheels go to $(GPU_SITE).
+WHL ?= .whl
+GPU_SITE ?= /tmp/site
+OUT ?= out
+GPU_ENV := PYTHONPATH=$(GPU_SITE):$(CURDIR)/src
+WHEEL_PY ?= 3.12
+
+.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare gpu-bench-config
+
+gpu-wheels:
+	mkdir -p $(WHL) $(WHL)/.src
+	$(PYTHON) -m pip download -q --no-deps deepspeed==0.19.8 -d $(WHL)/.src
+	DS_BUILD_OPS=0 $(PYTHON) -m pip wheel -q --no-deps $(WHL)/.src/deepspeed-0.19.8.tar.gz -w $(WHL)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(WHEEL_PY) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d $(WHL) \
+	  hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.5
+	rm -rf $(WHL)/.src
+	ls -1 $(WHL)
+
+gpu-site:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) $(WHL)/*.whl
+
+gpu-bench-plan: gpu-site
+	$(GPU_ENV) python3 bench/plan/run.py $(OUT)/plan --budget-s 330
+
+gpu-bench-trace: gpu-site
+	$(GPU_ENV) python3 bench/trace/run_gpu.py $(OUT)/trace --budget 420
+
+gpu-bench-trace-ab: gpu-site
+	$(GPU_ENV) python3 bench/trace/run_gpu.py $(OUT)/trace --budget 340 --steps ab-2gpu,traced
+
+gpu-bench-compare: gpu-site
+	$(GPU_ENV) bash bench/compare/run_gpu.sh $(OUT)/compare
+
+gpu-bench-config: gpu-site
+	$(GPU_ENV) python3 bench/config/run.py $(OUT)/config --gpus 2 --timeout 160

@@ -14,7 +14,7 @@ from tests.helpers import ROOT, deepspeed_launch
 MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def zero_checkpoints() -> Path:
     """base/w2/{zero3,zero2,zero1,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP."""
     base = Path(tempfile.mkdtemp(prefix="dsdoctor-ckpt-"))

@@ -1,5 +1,3 @@
-import importlib.util
-
 import pytest
 
 from dsdoctor.proctree import unlink_leaked_deepspeed_shm
@@ -20,14 +18,3 @@ def _no_leaked_deepspeed_shm_at_start_or_end():
 def _no_leaked_deepspeed_shm_after_each_test():
     yield
     unlink_leaked_deepspeed_shm()
-
-
-def pytest_collection_modifyitems(config, items):
-    have_cuda = False
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        have_cuda = torch.cuda.is_available()
-    for item in items:
-        if "gpu" in item.keywords and not have_cuda:
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

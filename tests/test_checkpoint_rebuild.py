@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsdoctor.checkpoint.merge import merge
 from dsdoctor.checkpoint.unpickle import load

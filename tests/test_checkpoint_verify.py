@@ -17,7 +17,7 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.deepspeed
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def merged() -> Path:
     base = zero_checkpoints()
     out = base / "merged-w2-zero3"

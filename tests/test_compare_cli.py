@@ -154,7 +154,16 @@ def test_help_has_examples_and_findings_are_explained():
     assert proc.returncode == 0 and "examples:" in proc.stdout and "--paths plain,zero3,tp" in proc.stdout
     for code in ("DSD501", "DSD502", "DSD503", "DSD504", "DSD505", "DSD506"):
         text = run_cli("explain", code, "--lang", "zh")
-        assert text.returncode == 0 and "改用" in text.stdout, code
+        assert text.returncode == 0 and "应改为" in text.stdout, code
+
+
+def test_api_compare_of_two_directories_works_with_its_defaults(models):
+    # the two-folder default (one plain load path) is the library's, not only the CLI's
+    from dsdoctor import api
+
+    result = api.compare(models["ref"], models["copy"], max_new_tokens=2)
+    assert result.status == "match" and [r.label for r in result.runs] == ["A", "B"]
+    assert {r.path for r in result.runs} == {"plain"}
 
 
 def test_compare_does_not_import_torch_before_it_runs():

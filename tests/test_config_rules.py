@@ -49,7 +49,8 @@ CASES = [
     ("DSD108", z3(offload_param={"device": "nvme"}), {},
      ["zero_optimization.offload_param.device = nvme but nvme_path is not set"], ["nvme_path"]),
     ("DSD109", z3(stage3_param_persistence_threshold=int(1e9)), {"model": True},
-     ["stage3_param_persistence_threshold = 1.00B (DeepSpeed default 100.00K)", "MiB of weights held on every GPU"], ["每张 GPU"]),
+     ["stage3_param_persistence_threshold = 1.00B (DeepSpeed default 100.00K)", "MiB of weights held on every GPU"],
+     ["每张 GPU"]),
     ("DSD110", {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1},
      {"model": True}, ["fp16 is enabled (fp16.enabled = true)", "weights are bf16"], ["启用了 fp16"]),
     ("DSD111", z3(), {"gpus": 1}, ["ZeRO-3 on 1 GPU without offload_param"], ["1 张 GPU"]),
@@ -186,21 +187,17 @@ def test_check_cli_gbk_console_gets_ascii_glyphs(tmp_path):
     assert proc.returncode == 1 and "x DSD101" in out and "推理配置" in out
 
 
-def test_check_never_imports_torch_or_deepspeed_and_is_fast():
+def test_check_never_imports_torch_or_deepspeed():
     code = (
-        "import sys, time, io, contextlib\n"
-        "t = time.perf_counter()\n"
+        "import sys, io, contextlib\n"
         "from dsdoctor.cli.main import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         f"    main(['check', r'{EXAMPLES / 'train_zero3_offload.json'}', '--model', r'{EXAMPLES / 'llama-7b'}'])\n"
-        "dt = time.perf_counter() - t\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'deepspeed', 'transformers', 'accelerate'))\n"
-        "print(dt, heavy)\n"
+        "print(heavy)\n"
     )
     env = {"PYTHONPATH": str(ROOT / "src")}
     import os
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, **env))
     assert proc.returncode == 0, proc.stderr
-    dt, heavy = proc.stdout.split(" ", 1)
-    assert heavy.strip() == "[]"
-    assert float(dt) < 1.0  # 0.3 s target on an idle machine; generous here because CPUs are shared
+    assert proc.stdout.strip() == "[]"  # how fast that makes it is a benchmark's business, not a test's

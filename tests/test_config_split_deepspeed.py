@@ -7,7 +7,7 @@ import pytest
 from dsdoctor.config.split import split
 from tests.helpers import ROOT, deepspeed_launch, write_model_config
 
-SCRIPT = ROOT / "tests" / "ds_scripts" / "config_split_rank.py"
+SCRIPT = ROOT / "tests" / "scripts" / "config_split_rank.py"
 
 # a ZeRO-3 + offload_param training config as the HF Trainer leaves it after filling "auto" (numbers), with a
 # torch AdamW (no compiled optimizer op needed on CPU)

@@ -8,7 +8,9 @@ from tests.helpers import ROOT, run_cli, write_model_config
 
 def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     out = tmp_path / "diag"
-    proc = run_cli("diagnose", "--out", out, "--format", "json")
+    # the machine is given, not detected: the recommendation is what the plan computes for it
+    proc = run_cli("diagnose", "--out", out, "--format", "json", "--gpus", "1", "--gpu-memory", "80GiB",
+                   "--host-memory", "256GiB")
     assert proc.returncode == 1, proc.stderr  # the example reuses a training config: error findings
     data = json.loads(proc.stdout)
     steps = {s["step"]: s for s in data["steps"]}
@@ -26,6 +28,22 @@ def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     assert data["sources"] == {"config": "bundled example", "model": "bundled example",
                                "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"]
+
+
+def test_diagnose_reads_the_config_once(tmp_path, monkeypatch):
+    import dsdoctor.config.check
+    import dsdoctor.config.load
+    import dsdoctor.config.split
+    import dsdoctor.plan.ds_knobs
+    from dsdoctor.diagnose import diagnose
+
+    calls = []
+    real = dsdoctor.config.load.load_config
+    for module in (dsdoctor.config.load, dsdoctor.config.check, dsdoctor.config.split, dsdoctor.plan.ds_knobs):
+        monkeypatch.setattr(module, "load_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    result = diagnose(out=tmp_path / "d", gpus=1, gpu_memory="80GB", host_memory="256GB")
+    assert len(calls) == 1
+    assert [s.key for s in result.steps] == ["effective", "need-zero3", "split", "ab", "exit"]
 
 
 def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path):
@@ -90,7 +108,7 @@ def test_diagnose_traces_the_given_command(tmp_path):
     cfg.write_text(json.dumps(ZERO3))
     model = write_model_config(tmp_path / "m")
     out = tmp_path / "diag"
-    script = ROOT / "tests" / "trace_scripts" / "generate_plain.py"
+    script = ROOT / "tests" / "scripts" / "generate_plain.py"
     proc = run_cli("diagnose", "--config", cfg, "--model", model, "--out", out, "--format", "json",
                    "--prompt-len", "16", "--new-tokens", "8", "--timeout", "200", "--", sys.executable, script,
                    timeout=300)
@@ -109,7 +127,7 @@ def test_diagnose_ab_step_runs_the_variants_and_reports_them(tmp_path):
     # diagnose runs this step only where CUDA is available; here it runs on the CPU, host memory standing in
     from dsdoctor.diagnose import _step_ab
 
-    script = ROOT / "tests" / "trace_scripts" / "generate_plain.py"
+    script = ROOT / "tests" / "scripts" / "generate_plain.py"
     step = _step_ab([sys.executable, str(script)], tmp_path, 200, "en")
     assert step.key == "ab" and step.status == "done"
     variants = step.data["ab"]["variants"]

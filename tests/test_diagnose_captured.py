@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, deepspeed_env, free_port, run_cli
+from tests.helpers import deepspeed_env, free_port, run_cli
 
 SCRIPTS = Path(__file__).parent / "scripts"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
@@ -24,7 +24,7 @@ def _diagnose(out, *command, env=None):
 
 def test_hfdeepspeedconfig_dict_in_code_is_captured_and_diagnosed(tmp_path):
     out = tmp_path / "d"
-    r, data = _diagnose(out, sys.executable, ROOT / "tests" / "trace_scripts" / "generate_plain.py")
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "generate_plain.py")
     assert r.returncode == 0, r.stderr[-3000:]
     assert data["sources"]["config"] == "captured from HfDeepSpeedConfig: a dict built in the script"
     assert data["sources"]["model"].startswith("captured from the run: LlamaForCausalLM")

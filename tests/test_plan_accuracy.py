@@ -70,7 +70,7 @@ def test_plain_peak_matches_real_generate(model_dir, batch, prompt, new):
 @pytest.mark.deepspeed
 def test_zero3_two_ranks_load_and_generate(model_dir, tmp_path):
     out = tmp_path / "z3.json"
-    proc = deepspeed_launch(ROOT / "tests" / "plan_scripts" / "zero3_cpu_peak.py", out, model_dir, nprocs=2,
+    proc = deepspeed_launch(ROOT / "tests" / "scripts" / "zero3_cpu_peak.py", out, model_dir, nprocs=2,
                             timeout=400)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     d = json.loads(out.read_text())
@@ -98,7 +98,7 @@ def test_tp_resident_weights_equal_what_autotp_leaves_on_a_rank(tmp_path, tied):
     d.mkdir()
     (d / "config.json").write_text(json.dumps(dict(MODEL, tie_word_embeddings=tied, torch_dtype="float32")))
     out = tmp_path / "tp.json"
-    proc = deepspeed_launch(ROOT / "tests" / "plan_scripts" / "tp_resident.py", out, d, nprocs=2, timeout=400)
+    proc = deepspeed_launch(ROOT / "tests" / "scripts" / "tp_resident.py", out, d, nprocs=2, timeout=400)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = json.loads(out.read_text())["numel"]
     assert counts[0] != counts[1]

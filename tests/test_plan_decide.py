@@ -5,13 +5,13 @@ import pytest
 
 from dsdoctor.errors import InputError
 from dsdoctor.findings import exit_code
-from dsdoctor.plan.api import plan
-from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs
-from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
-from dsdoctor.plan.workload import make_workload
-from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.model.inventory import from_formula
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan.api import plan
+from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs
+from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.workload import make_workload
 from tests.helpers import EXAMPLES
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
@@ -159,6 +159,36 @@ def test_knobs_follow_deepspeed_semantics(tmp_path):
         load_knobs(tmp_path / "missing.json")
     with pytest.raises(InputError, match="unknown plan knobs"):
         knobs_from_dict({"stage": 3})
+
+
+def test_plan_config_reads_reuse_distance_and_nvme_buffers(tmp_path, llama70):
+    # regression: plan --config used to drop stage3_max_reuse_distance and the NVMe buffer settings
+    cfg = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0,
+                                 "offload_param": {"device": "nvme", "nvme_path": "/nvme",
+                                                   "buffer_count": 2, "buffer_size": 3e8}}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    k = load_knobs(path)
+    assert (k.max_reuse_distance, k.nvme_buffer_count, k.nvme_buffer_size) == (0, 2, 300_000_000)
+    assert k.offload_param == "nvme" and k.source == str(path)
+    r = _plan(llama70, 1, config=path)
+    assert r.knobs.max_reuse_distance == 0 and r.knobs.nvme_buffer_count == 2
+    default = _plan(llama70, 1, config={"zero_optimization": {"stage": 3, "offload_param": {
+        "device": "nvme", "nvme_path": "/nvme"}}})
+    buffers = r.path("zero3-offload-nvme").host_breakdown["nvme_swap_buffers_pinned"]
+    assert buffers != default.path("zero3-offload-nvme").host_breakdown["nvme_swap_buffers_pinned"]
+    # 2 buffers of 3e8 bf16 elements, each rounded up to a power of two bytes, on the one rank
+    assert buffers == 2 * 2 ** (600_000_000 - 1).bit_length()
+
+
+def test_plan_takes_an_already_loaded_config(llama70):
+    from dsdoctor.config.load import load_config
+
+    loaded = load_config({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 10**8}})
+    eff = loaded.effective("deepspeed")
+    r = _plan(llama70, 2, config=loaded)
+    assert r.knobs.max_live_parameters == 10**8
+    assert loaded.effective("deepspeed") is eff  # read once, shared
 
 
 @pytest.mark.parametrize("kw,match", [({"batch": 0}, "batch"), ({"dtype": "int4"}, "dtype"),

@@ -90,7 +90,8 @@ def run_tool(name: str, cmd: list[str], out: Path) -> dict:
     rc, wall, rss = res.stdout.split()
     sync_s = timed_sync()
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    row = {"tool": name, "rc": int(rc), "load_average_before": load_before, "load_average_after": os.getloadavg(), "wall_s": float(wall), "sync_after_s": sync_s,
+    row = {"tool": name, "rc": int(rc), "load_average_before": load_before, "load_average_after": os.getloadavg(),
+           "wall_s": float(wall), "sync_after_s": sync_s,
            "durable_s": float(wall) + sync_s, "peak_rss_bytes": int(rss), "output_bytes": size,
            "cold_cache": cold, "command": cmd}
     print(f"[bench] {name}: {json.dumps(row)}", flush=True)

@@ -163,8 +163,8 @@ def main() -> int:
         gathered = [None] * world
         dist.all_gather_object(gathered, rec)
         if rank == 0:
-            keys = ("allocated_at_start", "peak_allocated", "peak_reserved", "load_peak_allocated", "rss_after_load", "rss_after_generate",
-                    "tokens_per_s", "ok", "error")
+            keys = ("allocated_at_start", "peak_allocated", "peak_reserved", "load_peak_allocated", "rss_after_load",
+                    "rss_after_generate",                     "tokens_per_s", "ok", "error")
             merged = dict(rec, ranks=[{k: r.get(k) for k in keys} for r in gathered])
             merged["ok"] = all(r.get("ok") for r in gathered)
             with open(args.out, "a") as f:

@@ -1,7 +1,7 @@
 """Measure the real peak GPU memory of each load path and compare it with ``dsdoctor plan``.
 
     python3 bench/plan/run.py OUT_DIR [--tiny] [--gpus N] [--budget-s 470]
-    python3 bench/plan/run.py OUT_DIR --reestimate RUN/raw.jsonl [RUN2/raw.jsonl ...] --device "2 x NVIDIA H200"
+    python3 bench/plan/run.py OUT_DIR --reestimate RUN.tar.gz|RUN/raw.jsonl [...] --device "2 x NVIDIA H200"
 
 Writes OUT_DIR/results.json and OUT_DIR/results.md (estimated vs measured vs weights-only, error %),
 plus the raw per-case records in OUT_DIR/raw.jsonl and each launch's log. One torchrun launch per GPU
@@ -188,7 +188,8 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
     }
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2))
     lines = ["# dsdoctor plan: estimated vs measured peak GPU memory\n",
-             f"Device: {device_desc}.{f' Wall time {elapsed:.0f} s.' if elapsed else ''} Peak = `torch.cuda.max_memory_allocated` over load "
+             f"Device: {device_desc}.{f' Wall time {elapsed:.0f} s.' if elapsed else ''} "
+             f"Peak = `torch.cuda.max_memory_allocated` over load "
              f"and two `generate` calls, max over ranks (GiB).\n",
              "| case | path | GPUs | batch | prompt | new | measured | estimated | error | weights-only | error | "
              "reserved (meas/est) | tok/s/rank (meas/est) |",
@@ -218,6 +219,17 @@ def summarize(out: Path, models: Path, gpu_memory, gpu_name, device_desc: str, e
     return summary
 
 
+def _raw_text(path: Path) -> str:
+    """A raw.jsonl, or the raw.jsonl inside a run's archive (bench/plan/runs/<run>.tar.gz)."""
+    if path.name.endswith(".tar.gz"):
+        import tarfile
+
+        with tarfile.open(path) as tar:
+            member = next(m for m in tar.getmembers() if m.name.endswith("raw.jsonl"))
+            return tar.extractfile(member).read().decode()
+    return path.read_text()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="output directory (created)")
@@ -238,7 +250,7 @@ def main() -> int:
         for m, cfg in MODELS.items():
             (models / m).mkdir(parents=True, exist_ok=True)
             (models / m / "config.json").write_text(json.dumps(cfg, indent=2))
-        lines = [ln for f in args.reestimate for ln in f.read_text().splitlines() if ln.strip()]
+        lines = [ln for f in args.reestimate for ln in _raw_text(f).splitlines() if ln.strip()]
         (out / "raw.jsonl").write_text("\n".join(lines) + "\n")
         summarize(out, models, None, None, f"{args.device}, re-estimated from {len(args.reestimate)} recorded run(s)", 0)
         return 0

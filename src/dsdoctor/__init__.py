@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from dsdoctor._version import __version__
 
 _API = {
     "check": "dsdoctor.api",

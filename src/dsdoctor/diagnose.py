@@ -19,8 +19,8 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.report.html import markdown_to_html
-from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json
+from dsdoctor.i18n import pick
+from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
 from dsdoctor.units import human_bytes
 
 STEP_TITLES = {
@@ -29,6 +29,11 @@ STEP_TITLES = {
     "split": {"en": "3. The inference config", "zh": "3. 推理专用配置"},
     "ab": {"en": "4. Peak with and without offload_param", "zh": "4. 有无 offload_param 的峰值对比"},
     "exit": {"en": "5. The way out", "zh": "5. 解决方案"},
+}
+TEXT = {
+    "report": {"en": "report", "zh": "报告"},
+    "title": {"en": "dsdoctor diagnosis", "zh": "dsdoctor 诊断报告"},
+    "recommended": {"en": "Recommended load path", "zh": "推荐的加载方式"},
 }
 
 
@@ -97,23 +102,20 @@ class DiagnoseResult:
                          if lang == "en" else "（这是内置示例，不是你的环境：请传入 --config/--model，或在 -- 之后给出你的命令）")
         lines.append("")
         for s in self.steps:
-            lines.append(f"{glyph[s.status]} {STEP_TITLES[s.key][lang]}")
+            lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
             lines += [f"    $ {c}" for c in s.commands[:3]]
         lines.append("")
         lines.append(findings_text(self.findings, lang, style).rstrip())
-        label = "report" if lang == "en" else "报告"
-        lines.append(f"{label}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
+        lines.append(f"{pick(TEXT['report'], lang)}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
         return "\n".join(lines) + "\n"
 
     def to_markdown(self, lang: str = "en") -> str:
-        title = "dsdoctor diagnosis" if lang == "en" else "dsdoctor 诊断报告"
-        parts = [f"# {title}\n", self._inputs_markdown(lang)]
+        parts = [f"# {pick(TEXT['title'], lang)}\n", self._inputs_markdown(lang)]
         if self.recommended_path:
-            word = "Recommended load path" if lang == "en" else "推荐的加载方式"
-            parts.append(f"**{word}: `{self.recommended_path}`**\n")
+            parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
         for s in self.steps:
-            parts.append(f"## {STEP_TITLES[s.key][lang]}\n")
+            parts.append(f"## {pick(STEP_TITLES[s.key], lang)}\n")
             parts.append((s.summary.get(lang) or s.summary["en"]) + "\n")
             if s.commands:
                 parts.append("```bash\n" + "\n".join(s.commands) + "\n```\n")
@@ -176,21 +178,16 @@ def _step_effective(config, model, gpus, lang) -> tuple[Step, object]:
 
     result = check(config, mode="inference", model=model, gpus=gpus)
     eff = result.effective
-    stage = _value(eff.zero_stage)
-    op, oo = _value(eff.offload_param.device), _value(eff.offload_optimizer.device)
+    stage, op, oo = eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device
     summary = _t(
         f"ZeRO stage {stage}, offload_param {op}, offload_optimizer {oo}, optimizer "
-        f"{_value(eff.optimizer_type) or 'none'}: {len(result.findings)} finding(s) from the config alone.",
+        f"{eff.optimizer_type or 'none'}: {len(result.findings)} finding(s) from the config alone.",
         f"ZeRO 阶段 {stage}，offload_param {op}，offload_optimizer {oo}，优化器 "
-        f"{_value(eff.optimizer_type) or '无'}：仅从配置就发现 {len(result.findings)} 个问题。",
+        f"{eff.optimizer_type or '无'}：仅从配置就发现 {len(result.findings)} 个问题。",
     )
     step = Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
                 data=result.to_dict(lang).get("effective", {}))
     return step, result
-
-
-def _value(v):
-    return getattr(v, "effective", v)
 
 
 def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, new_tokens, dtype, tmp: Path,
@@ -255,30 +252,27 @@ def _step_trace(command, tmp: Path, timeout, lang, out: Path | None = None) -> t
             for key, value in f.values.items():
                 if isinstance(value, str) and str(tmp) in value:
                     f.values[key] = value.replace(str(tmp), str(out))
-    data = result.to_dict(lang)
-    ranks = data.get("ranks", [])
     seen = ", ".join(
-        f"rank {r.get('rank')}: stage {r.get('zero_stage')}, optimizer {r.get('optimizer') or 'none'}, "
-        f"peak GPU {human_bytes(r.get('peak_gpu_bytes'))}, peak host {human_bytes(r.get('peak_host_bytes'))}"
-        for r in ranks[:4]
+        f"rank {r.rank}: stage {r.zero_stage}, optimizer {r.optimizer or 'none'}, "
+        f"peak GPU {human_bytes(r.peak_gpu_bytes)}, peak host {human_bytes(r.peak_host_bytes)}"
+        for r in result.ranks[:4]
     ) or "no rank reported"
     summary = _t(f"Traced `{_shell(command)}` (status {result.status}): {seen}.",
                  f"跟踪了 `{_shell(command)}`（状态 {result.status}）：{seen}。")
     artifacts = sorted(str(p.relative_to(tmp)) for p in (tmp / "trace").glob("*.png"))
     return Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
-                data={"trace": data}, artifacts=artifacts), result
+                data={"trace": result.to_dict(lang)}, artifacts=artifacts), result
 
 
 def _step_ab(command, tmp: Path, timeout, lang) -> Step:
     from dsdoctor.trace.api import ab
 
     result = ab(command, out=tmp / "ab", timeout=timeout)
-    data = result.to_dict(lang)
-    diag = data.get("diagnosis") or {}
-    summary = _t(f"A/B over {len(data.get('variants', []))} variants: {diag.get('message', 'no diagnosis')}",
-                 f"对 {len(data.get('variants', []))} 个变体做了 A/B：{diag.get('message', '无结论')}")
-    return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang), data={"ab": data},
-                commands=[diag["fix"]] if diag.get("fix") else [])
+    n, diag = len(result.variants), result.diagnosis
+    summary = _t(f"A/B over {n} variants: {diag.message('en') if diag else 'no diagnosis'}",
+                 f"对 {n} 个变体做了 A/B：{diag.message('zh') if diag else '无结论'}")
+    return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang),
+                data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else [])
 
 
 def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None,
@@ -292,7 +286,7 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
             f"保持普通加载：跟踪的运行没有使用 ZeRO-3（stage {traced_stage}），而 `plain` 是能容纳该模型和负载的最快方式。"),
             data={"path": path, "merged": None})
     infer_cfg = shlex.quote(str(out / "ds_inference.json"))
-    n = gpus or (plan_result.hardware.get("gpus") if plan_result else None) or 1
+    n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     compare_cmd = f"dsdoctor compare MERGED_DIR --paths plain,{'tp' if path == 'tp' else 'zero3'} --gpus {max(n, 2)}"
     if path == "plain" or path is None:
         ckpt = shlex.quote(str(checkpoint)) if checkpoint else "CKPT_DIR"
@@ -349,10 +343,8 @@ def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
 
     merged = merge(checkpoint, tmp / "merged", model=model)
     checked = verify(tmp / "merged", model=model)
-    mdict = merged.to_dict(lang)
-    summary = f"{mdict.get('num_tensors', mdict.get('tensors', '?'))} tensors written to merged/; " \
-              f"verify: {len(checked.findings)} finding(s)."
-    return {"summary": summary, "merge": mdict, "verify": checked.to_dict(lang)}, list(checked.findings)
+    summary = f"{merged.tensors} tensors written to merged/; verify: {len(checked.findings)} finding(s)."
+    return {"summary": summary, "merge": merged.to_dict(lang), "verify": checked.to_dict(lang)}, list(checked.findings)
 
 
 DEFAULT_WORKLOAD = {"batch": 1, "prompt_len": 512, "new_tokens": 128}
@@ -374,9 +366,10 @@ class Captured:
     init_inference: dict | None = None  # the summary of an init_inference call (tp_size, ...)
     stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
     encoder_decoder: bool = False
+    unreadable: str | None = None  # why the captured config could not be read, when it could not
 
     @classmethod
-    def from_trace(cls, traced, tmp: Path) -> "Captured":
+    def from_trace(cls, traced, tmp: Path) -> Captured:
         ranks = sorted(traced.ranks, key=lambda r: r.rank)
         c = cls()
         for r in ranks:
@@ -468,6 +461,9 @@ def _no_config_reason(captured: Captured | None) -> tuple[str, str]:
         return (f"the run passes its config to deepspeed.init_inference (tensor parallel size {tp}), an inference "
                 "config that neither the config doctor nor split applies to",
                 f"该运行把配置交给 deepspeed.init_inference（张量并行 {tp}），这是推理配置，配置检查和 split 都不适用")
+    if captured is not None and captured.unreadable:
+        return (f"the config the run passed cannot be read ({captured.unreadable})",
+                f"无法读取该运行传入的配置（{captured.unreadable}）")
     if captured is not None:
         return ("the run passed no config to deepspeed.initialize or HfDeepSpeedConfig; pass --config to check one",
                 "该运行没有把配置交给 deepspeed.initialize 或 HfDeepSpeedConfig；可用 --config 指定要检查的配置")
@@ -497,19 +493,27 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                          "after -- to capture it from the run")
     out = Path(out)
     steps: list[Step] = []
+    from dsdoctor.config.load import load_config
+
+    # read once: check, plan and split share it (and its effective readings); a captured one is read below
+    loaded = load_config(config) if config is not None else None
     with atomic_output_dir(out, force=force) as tmp:
         if model is not None and command:
             # plan before running anything: bad workload flags must fail before the user's command has run
             from dsdoctor.plan.api import plan
 
             plan(model, batch=batch or 1, prompt_len=prompt_len or 1, new_tokens=new_tokens or 1, dtype=dtype,
-                 gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, config=config)  # only flags given
+                 gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, config=loaded)  # only flags given
         captured, trace_step = None, None
         if command:
             trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
             captured = Captured.from_trace(traced, tmp)
             if config is None and captured.config is not None:
-                config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
+                try:
+                    loaded = load_config(captured.config_file() or captured.config)
+                    config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
+                except InputError as exc:  # the run's config is beyond reading: report the run without it
+                    captured.unreadable = exc.problem
             if model is None and captured.model_dir is not None:
                 problem = _unreadable_model(captured.model_dir)
                 if problem is None and captured.encoder_decoder:
@@ -532,7 +536,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
 
         config_is_zero = config is not None
         if config_is_zero:
-            step, _ = _step_effective(config, model, gpus, lang)
+            step, _ = _step_effective(loaded, model, gpus, lang)
         else:
             en, zh = _no_config_reason(captured)
             step = _skipped("effective", en, zh)
@@ -542,7 +546,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         plan_result = None
         if model is not None:
             try:
-                plan_step, plan_result = _step_plan(model, config, gpus, gpu_memory, host_memory, wl[0], wl[1], wl[2],
+                plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, wl[0], wl[1], wl[2],
                                                     dtype, tmp, lang)
             except InputError as exc:
                 if sources["model"] == "given":
@@ -557,7 +561,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                                  "该运行没有构建可读取的模型（请传入 --model）")
         steps.append(plan_step)
         if config_is_zero:
-            steps.append(_step_split(config, model, tmp, out, lang))
+            steps.append(_step_split(loaded, model, tmp, out, lang))
         else:
             en, zh = _no_config_reason(captured)
             steps.append(_skipped("split", en, zh))
@@ -586,10 +590,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",
                                 str(shown_model) if shown_model is not None else "none", str(out), steps, path, lang,
                                 sources)
-        (tmp / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
-        (tmp / "report.html").write_text(
-            markdown_to_html(result.to_markdown(lang), "dsdoctor diagnosis", base=tmp), encoding="utf-8")
-        (tmp / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
+        write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
 
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
-from dsdoctor import __version__
+from dsdoctor._version import __version__
 from dsdoctor.machine import Gpu, meminfo, nvidia_smi_gpus
 from dsdoctor.proctree import SHM_DIR, leaked_deepspeed_shm
 from dsdoctor.report.render import markdown_table

@@ -4,6 +4,17 @@ A ``Rule`` is the static part (code, name, severity, message and fix templates, 
 English and Chinese). A ``Finding`` is one occurrence: the rule's code plus the concrete values that fill
 the templates. Rules live in small ``rules.py`` modules next to the code that detects them and register
 themselves here, so ``dsdoctor explain CODE`` knows them all without importing torch.
+
+Writing a rule::
+
+    rule("DSD1xx", "kebab-name", "warning",
+         message={"en": "... {value} ...", "zh": "... {value} ..."},
+         fix={"en": "...", "zh": "..."},
+         explanation=explanation(en=(what, why, example, instead), zh=(what, why, example, instead)),
+         phrases={"host": {"en": "host", "zh": "主机"}})  # optional
+
+Finding values carry no language: numbers, names, sizes, or a ``Phrase`` (a key into the rule's ``phrases``
+table plus the values that fill it) where the wording differs by language.
 """
 from __future__ import annotations
 
@@ -16,6 +27,11 @@ from dsdoctor.errors import InputError
 from dsdoctor.i18n import pick
 
 SEVERITIES = ("info", "warning", "error")  # ascending
+# the four sections of every explanation, in this order (ruff's rule docs)
+SECTION_HEADINGS = {
+    "en": ("What it does", "Why is this bad?", "Example", "Use instead"),
+    "zh": ("作用", "为什么有问题？", "示例", "应改为"),
+}
 
 
 def severity_rank(severity: str) -> int:
@@ -30,11 +46,30 @@ class Rule:
     message: dict[str, str]  # one line, str.format template over the finding's values
     fix: dict[str, str]  # imperative, str.format template
     explanation: dict[str, str]  # What it does / Why is this bad? / Example / Use instead
+    phrases: dict[str, dict[str, str]] = field(default_factory=dict)  # Phrase key -> {"en", "zh"} template
 
     def __post_init__(self):
         assert self.severity in SEVERITIES, self.severity
-        for part in (self.message, self.fix, self.explanation):
+        for part in (self.message, self.fix, self.explanation, *self.phrases.values()):
             assert set(part) == {"en", "zh"}, (self.code, part.keys())
+
+
+def explanation(*, en: tuple[str, str, str, str], zh: tuple[str, str, str, str]) -> dict[str, str]:
+    """The one explanation builder: (what it does, why is this bad, example, use instead) per language,
+    rendered as Markdown sections under the same headings for every rule."""
+    out = {}
+    for lang, parts in (("en", en), ("zh", zh)):
+        assert len(parts) == 4, parts
+        out[lang] = "\n\n".join(f"## {head}\n{body.strip()}" for head, body in zip(SECTION_HEADINGS[lang], parts)) + "\n"
+    return out
+
+
+@dataclass
+class Phrase:
+    """A language-free finding value: a key into the rule's ``phrases`` table and the values that fill it."""
+
+    key: str
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 RULES: dict[str, Rule] = {}
@@ -49,22 +84,19 @@ RULE_MODULES = (
 )
 
 
-def rule(code: str, name: str, severity: str, *, message: dict, fix: dict, explanation: dict) -> Rule:
+def rule(code: str, name: str, severity: str, *, message: dict, fix: dict, explanation: dict,
+         phrases: dict | None = None) -> Rule:
     """Define and register a rule (called at import time of a rules module)."""
     if code in RULES and RULES[code].name != name:
         raise ValueError(f"duplicate finding code {code}")
-    r = Rule(code, name, severity, message, fix, explanation)
+    r = Rule(code, name, severity, message, fix, explanation, dict(phrases or {}))
     RULES[code] = r
     return r
 
 
 def all_rules() -> dict[str, Rule]:
     for module in RULE_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:  # a capability not built yet
-            if not exc.name or not module.startswith(exc.name):
-                raise
+        importlib.import_module(module)
     return dict(sorted(RULES.items()))
 
 
@@ -91,11 +123,21 @@ class Finding:
     def effective_severity(self) -> str:
         return self.severity or self.rule.severity
 
+    def localized_values(self, lang: str = "en") -> dict[str, Any]:
+        """The values with every ``Phrase`` rendered in ``lang``."""
+        return {k: self._render(v, lang) for k, v in self.values.items()}
+
+    def _render(self, value, lang: str):
+        if isinstance(value, Phrase):
+            inner = _Values({k: self._render(v, lang) for k, v in value.values.items()})
+            return pick(self.rule.phrases[value.key], lang).format_map(inner)
+        return value
+
     def message(self, lang: str = "en") -> str:
-        return pick(self.rule.message, lang).format_map(_Values(self.values))
+        return pick(self.rule.message, lang).format_map(_Values(self.localized_values(lang)))
 
     def fix(self, lang: str = "en") -> str:
-        return pick(self.rule.fix, lang).format_map(_Values(self.values))
+        return pick(self.rule.fix, lang).format_map(_Values(self.localized_values(lang)))
 
     def to_dict(self, lang: str = "en") -> dict:
         return {
@@ -104,7 +146,7 @@ class Finding:
             "severity": self.effective_severity,
             "message": self.message(lang),
             "fix": self.fix(lang),
-            "values": _jsonable(self.values),
+            "values": _jsonable(self.localized_values(lang)),
         }
 
 
@@ -131,23 +173,16 @@ def exit_code(findings: list[Finding], fail_on: str = "error") -> int:
 
 
 def explanation_sections(text: str) -> list[tuple[str, str]]:
-    """Split an explanation into (heading, body) pairs. Headings are ``## Title`` lines, or unindented lines
-    followed by an indented body (both styles occur); bodies are dedented and re-joined."""
-    import textwrap
-
-    lines = text.strip("\n").splitlines()
+    """Split an explanation (as ``explanation()`` writes it) into (heading, body) pairs."""
     sections: list[tuple[str, list[str]]] = []
-    for i, line in enumerate(lines):
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
-        is_heading = line.startswith("#") or (
-            line.strip() and not line[0].isspace() and nxt[:1].isspace() and len(line) < 40)
-        if is_heading:
-            sections.append((line.lstrip("#").strip(), []))
+    for line in text.strip("\n").splitlines():
+        if line.startswith("## "):
+            sections.append((line[3:].strip(), []))
         elif sections:
             sections[-1][1].append(line)
         else:
             sections.append(("", [line]))
-    return [(h, textwrap.dedent("\n".join(body)).strip()) for h, body in sections]
+    return [(h, "\n".join(body).strip()) for h, body in sections]
 
 
 def explain(code: str, lang: str = "en") -> str:

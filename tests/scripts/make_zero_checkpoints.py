@@ -3,8 +3,8 @@
 Run under the launcher:  DS_ACCELERATOR=cpu deepspeed --num_gpus W make_zero_checkpoints.py OUT 3 [2 ...]
 Each stage S writes OUT/zero{S}/ (``latest`` + tag dir) and, from rank 0, OUT/model/config.json.
 The model has tied embeddings, sizes that do not divide by 2 or 3 (hidden 45, vocab 251, k_proj bias 16) and a frozen
-MLP (so frozen_param_fragments are written); the ZeRO-2 model also has two persistent buffers. One Adam step is taken so the fp32 masters differ from the
-initial bf16 weights.
+MLP (so frozen_param_fragments are written); the ZeRO-2 model also has two persistent buffers. One Adam step is
+taken so the fp32 masters differ from the initial bf16 weights.
 """
 import json
 import os

@@ -216,7 +216,8 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     return MergeResult(
         checkpoint=str(layout.root), tag=layout.tag, zero_stage=plan.stage, world_size=plan.world_size,
         ds_version=plan.ds_version, out_dir=str(out), dtype=out_dtype,
-        tensors=len(tensors), parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
+        tensors=len(tensors),
+        parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
         frozen=sum(1 for t in plan.tensors if t.kind in ("frozen", "module")),
         buffers=sum(1 for t in plan.tensors if t.kind == "buffer"),
         bytes_written=written, shards=shards, tied=dict(plan.aliases), tied_stored_once=stored_once and bool(plan.aliases),

@@ -5,49 +5,13 @@ rebuild rule. Nothing here reads tensor data except buffers and frozen fragments
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 from dsdoctor.checkpoint import unpickle
 from dsdoctor.checkpoint.layout import Layout
+from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
 from dsdoctor.checkpoint.unpickle import TensorRef
+from dsdoctor.checkpoint.zero3 import plan_zero3
+from dsdoctor.checkpoint.zero12 import plan_zero12
 from dsdoctor.errors import InputError
-
-
-@dataclass(frozen=True)
-class Piece:
-    ref: TensorRef
-    start: int  # element index into ref (flattened)
-    count: int
-
-
-@dataclass
-class TensorPlan:
-    name: str
-    shape: tuple
-    dtype: str  # source dtype of the pieces (all pieces share it)
-    pieces: list[Piece]
-    kind: str  # trainable | frozen | buffer
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass
-class MergePlan:
-    stage: int
-    world_size: int
-    tensors: list[TensorPlan]  # in DeepSpeed's order: buffers, frozen, trainable
-    aliases: dict[str, str] = field(default_factory=dict)  # shared (tied) name -> name that holds the data
-    ds_version: str | None = None
-
-
-@dataclass
-class States:
-    layout: Layout
-    model: list[dict]
-    optim: list[dict]  # optimizer_state_dict of each rank
 
 
 def read_states(layout: Layout) -> States:
@@ -95,31 +59,13 @@ def check_world_size(states: States) -> int:
     return world
 
 
-def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:
-    """Pieces covering elements [start, start+count) of the virtual concatenation of ``chunks``."""
-    pieces, base = [], 0
-    end = start + count
-    for ref in chunks:
-        n = ref.numel
-        lo, hi = max(start, base), min(end, base + n)
-        if lo < hi:
-            pieces.append(Piece(ref, lo - base, hi - lo))
-        base += n
-        if base >= end:
-            break
-    if sum(p.count for p in pieces) != count:
-        raise InputError(f"partition ends early: wanted elements {start}..{end} of {base}",
-                         path=chunks[0].path if chunks else None)
-    return pieces
-
-
 def build_plan(states: States) -> MergePlan:
     world = check_world_size(states)
     stage = int(states.optim[0]["zero_stage"])
     if stage == 3:
-        from dsdoctor.checkpoint.zero3 import plan_zero3 as planner
+        planner = plan_zero3
     elif stage in (1, 2):
-        from dsdoctor.checkpoint.zero12 import plan_zero12 as planner
+        planner = plan_zero12
     else:
         raise InputError(f"unsupported zero_stage {stage}", path=states.layout.optim_files[0])
     tensors = buffers(states) + planner(states, world)
@@ -143,9 +89,3 @@ def buffers(states: States) -> list[TensorPlan]:
         if isinstance(ref, TensorRef):
             out.append(TensorPlan(name, tuple(ref.shape), ref.dtype, [Piece(ref, 0, ref.numel)], "buffer"))
     return out
-
-
-def shape_of(shape, path) -> tuple:
-    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(f"invalid parameter shape {shape!r}", path=path)
-    return tuple(shape)

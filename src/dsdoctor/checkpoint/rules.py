@@ -1,14 +1,5 @@
 """DSD4xx: findings of ``dsdoctor merge`` and ``dsdoctor verify``. Torch-free."""
-from dsdoctor.findings import rule
-
-
-def _doc(what, why, example, instead):
-    return f"## What it does\n{what}\n\n## Why is this bad?\n{why}\n\n## Example\n{example}\n\n## Use instead\n{instead}\n"
-
-
-def _zh(what, why, example, instead):
-    return f"## 作用\n{what}\n\n## 为什么不好?\n{why}\n\n## 示例\n{example}\n\n## 应改为\n{instead}\n"
-
+from dsdoctor.findings import explanation, rule
 
 rule(
     "DSD401", "missing-weights", "error",
@@ -16,22 +7,26 @@ rule(
              "zh": "{out_dir} 缺少模型需要的 {count} 个权重: {names}"},
     fix={"en": "re-run `dsdoctor merge` on the complete checkpoint; do not load with strict=False",
          "zh": "对完整的检查点重新运行 `dsdoctor merge`;不要用 strict=False 加载"},
-    explanation={
-        "en": _doc("Compares the keys of the weight files with the state dict of the model built from its config "
-                   "on the meta device.",
-                   "A missing weight is left at its random initialization. `load_state_dict(strict=False)` (what "
-                   "DeepSpeed's `load_state_dict_from_zero_checkpoint` uses) accepts this silently, and the model "
-                   "produces garbage.",
-                   "A merge of a checkpoint whose frozen layers were excluded, or a conversion that dropped "
-                   "`lm_head.weight`.",
-                   "Merge with `dsdoctor merge CKPT OUT --model MODEL_DIR` and run `dsdoctor verify OUT --model "
-                   "MODEL_DIR` before using the weights."),
-        "zh": _zh("把权重文件的键与按配置在 meta 设备上构建的模型的 state dict 比较。",
-                  "缺失的权重保持随机初始化。`load_state_dict(strict=False)`(DeepSpeed 的 "
-                  "`load_state_dict_from_zero_checkpoint` 就这样做)会静默接受,模型输出乱码。",
-                  "合并时排除了冻结层,或转换时丢了 `lm_head.weight`。",
-                  "用 `dsdoctor merge CKPT OUT --model MODEL_DIR` 合并,使用前先运行 `dsdoctor verify OUT --model MODEL_DIR`。"),
-    },
+    explanation=explanation(
+        en=(
+            "Compares the keys of the weight files with the state dict of the model built from its config "
+                "on the meta device.",
+            "A missing weight is left at its random initialization. `load_state_dict(strict=False)` (what "
+                "DeepSpeed's `load_state_dict_from_zero_checkpoint` uses) accepts this silently, and the model "
+                "produces garbage.",
+            "A merge of a checkpoint whose frozen layers were excluded, or a conversion that dropped "
+                "`lm_head.weight`.",
+            "Merge with `dsdoctor merge CKPT OUT --model MODEL_DIR` and run `dsdoctor verify OUT --model "
+                "MODEL_DIR` before using the weights.",
+        ),
+        zh=(
+            "把权重文件的键与按配置在 meta 设备上构建的模型的 state dict 比较。",
+            "缺失的权重保持随机初始化。`load_state_dict(strict=False)`(DeepSpeed 的 "
+                "`load_state_dict_from_zero_checkpoint` 就这样做)会静默接受,模型输出乱码。",
+            "合并时排除了冻结层,或转换时丢了 `lm_head.weight`。",
+            "用 `dsdoctor merge CKPT OUT --model MODEL_DIR` 合并,使用前先运行 `dsdoctor verify OUT --model MODEL_DIR`。",
+        ),
+    ),
 )
 
 rule(
@@ -40,18 +35,22 @@ rule(
              "zh": "{out_dir} 中有 {count} 个模型不认识的权重: {names}"},
     fix={"en": "check that --model is the architecture these weights were trained with",
          "zh": "确认 --model 与训练这些权重的模型结构一致"},
-    explanation={
-        "en": _doc("Lists keys of the weight files that the model built from the config does not have.",
-                   "`from_pretrained` ignores them with a warning, so a renamed or wrapped module (a `module.` "
-                   "prefix, a PEFT wrapper) loads as random weights while the real ones are ignored.",
-                   "Weights saved from a wrapper: `module.model.layers.0...` instead of `model.layers.0...`.",
-                   "Point --model at the matching config, or strip the wrapper prefix before saving."),
-        "zh": _zh("列出权重文件中、按配置构建的模型没有的键。",
-                  "`from_pretrained` 只给出警告就忽略它们:被改名或被包装的模块(`module.` 前缀、PEFT 包装)"
-                  "会以随机权重加载,真正的权重却被忽略。",
-                  "从包装器保存的权重: `module.model.layers.0...` 而不是 `model.layers.0...`。",
-                  "让 --model 指向匹配的配置,或在保存前去掉包装前缀。"),
-    },
+    explanation=explanation(
+        en=(
+            "Lists keys of the weight files that the model built from the config does not have.",
+            "`from_pretrained` ignores them with a warning, so a renamed or wrapped module (a `module.` "
+                "prefix, a PEFT wrapper) loads as random weights while the real ones are ignored.",
+            "Weights saved from a wrapper: `module.model.layers.0...` instead of `model.layers.0...`.",
+            "Point --model at the matching config, or strip the wrapper prefix before saving.",
+        ),
+        zh=(
+            "列出权重文件中、按配置构建的模型没有的键。",
+            "`from_pretrained` 只给出警告就忽略它们:被改名或被包装的模块(`module.` 前缀、PEFT 包装)"
+                "会以随机权重加载,真正的权重却被忽略。",
+            "从包装器保存的权重: `module.model.layers.0...` 而不是 `model.layers.0...`。",
+            "让 --model 指向匹配的配置,或在保存前去掉包装前缀。",
+        ),
+    ),
 )
 
 rule(
@@ -60,19 +59,23 @@ rule(
              "zh": "{count} 个权重的形状与模型不符: {details}"},
     fix={"en": "use the config the checkpoint was trained with (vocab size, hidden size, heads)",
          "zh": "使用训练该检查点时的配置(词表大小、隐藏维度、头数)"},
-    explanation={
-        "en": _doc("Compares every weight's shape with the parameter of the model built from the config.",
-                   "`from_pretrained` refuses mismatched shapes unless `ignore_mismatched_sizes=True`, which "
-                   "re-initializes them randomly. A tensor-parallel shard merged as if it were whole also shows up "
-                   "here.",
-                   "`model.embed_tokens.weight` saved as [32001, 4096] after adding a token, config says 32000.",
-                   "Load the config saved with the checkpoint, or resize the embeddings before saving."),
-        "zh": _zh("把每个权重的形状与按配置构建的模型参数比较。",
-                  "`from_pretrained` 拒绝形状不符的权重,除非 `ignore_mismatched_sizes=True`,那会随机重新初始化。"
-                  "把张量并行的分片当完整权重合并也会出现在这里。",
-                  "添加一个 token 后 `model.embed_tokens.weight` 保存为 [32001, 4096],配置仍是 32000。",
-                  "使用与检查点一起保存的配置,或在保存前调整嵌入大小。"),
-    },
+    explanation=explanation(
+        en=(
+            "Compares every weight's shape with the parameter of the model built from the config.",
+            "`from_pretrained` refuses mismatched shapes unless `ignore_mismatched_sizes=True`, which "
+                "re-initializes them randomly. A tensor-parallel shard merged as if it were whole also shows up "
+                "here.",
+            "`model.embed_tokens.weight` saved as [32001, 4096] after adding a token, config says 32000.",
+            "Load the config saved with the checkpoint, or resize the embeddings before saving.",
+        ),
+        zh=(
+            "把每个权重的形状与按配置构建的模型参数比较。",
+            "`from_pretrained` 拒绝形状不符的权重,除非 `ignore_mismatched_sizes=True`,那会随机重新初始化。"
+                "把张量并行的分片当完整权重合并也会出现在这里。",
+            "添加一个 token 后 `model.embed_tokens.weight` 保存为 [32001, 4096],配置仍是 32000。",
+            "使用与检查点一起保存的配置,或在保存前调整嵌入大小。",
+        ),
+    ),
 )
 
 rule(
@@ -83,21 +86,25 @@ rule(
                "stage3_gather_16bit_weights_on_model_save: true",
          "zh": "用 `dsdoctor merge CKPT OUT` 合并 DeepSpeed 检查点,或保存时设置 "
                "stage3_gather_16bit_weights_on_model_save: true"},
-    explanation={
-        "en": _doc("Flags tensors with zero elements where the model expects a real parameter.",
-                   "Under ZeRO-3 each parameter is a placeholder of shape [0] outside a gather. "
-                   "`model.save_pretrained()` or `torch.save(model.state_dict())` on a ZeRO-3 engine therefore "
-                   "writes empty tensors: a file that looks fine and holds no weights.",
-                   "`engine.module.save_pretrained(out)` with `zero_optimization.stage: 3` and no gather.",
-                   "`engine.save_checkpoint(dir)` then `dsdoctor merge dir out`, or set "
-                   "`stage3_gather_16bit_weights_on_model_save: true` and use `engine.save_16bit_model`."),
-        "zh": _zh("标出元素个数为 0、而模型需要真实参数的张量。",
-                  "在 ZeRO-3 下,参数在 gather 之外只是形状为 [0] 的占位符。对 ZeRO-3 引擎调用 "
-                  "`model.save_pretrained()` 或 `torch.save(model.state_dict())` 会写出空张量:文件看似正常,却没有权重。",
-                  "`zero_optimization.stage: 3` 下不做 gather 就调用 `engine.module.save_pretrained(out)`。",
-                  "先 `engine.save_checkpoint(dir)` 再 `dsdoctor merge dir out`,或设置 "
-                  "`stage3_gather_16bit_weights_on_model_save: true` 并使用 `engine.save_16bit_model`。"),
-    },
+    explanation=explanation(
+        en=(
+            "Flags tensors with zero elements where the model expects a real parameter.",
+            "Under ZeRO-3 each parameter is a placeholder of shape [0] outside a gather. "
+                "`model.save_pretrained()` or `torch.save(model.state_dict())` on a ZeRO-3 engine therefore "
+                "writes empty tensors: a file that looks fine and holds no weights.",
+            "`engine.module.save_pretrained(out)` with `zero_optimization.stage: 3` and no gather.",
+            "`engine.save_checkpoint(dir)` then `dsdoctor merge dir out`, or set "
+                "`stage3_gather_16bit_weights_on_model_save: true` and use `engine.save_16bit_model`.",
+        ),
+        zh=(
+            "标出元素个数为 0、而模型需要真实参数的张量。",
+            "在 ZeRO-3 下,参数在 gather 之外只是形状为 [0] 的占位符。对 ZeRO-3 引擎调用 "
+                "`model.save_pretrained()` 或 `torch.save(model.state_dict())` 会写出空张量:文件看似正常,却没有权重。",
+            "`zero_optimization.stage: 3` 下不做 gather 就调用 `engine.module.save_pretrained(out)`。",
+            "先 `engine.save_checkpoint(dir)` 再 `dsdoctor merge dir out`,或设置 "
+                "`stage3_gather_16bit_weights_on_model_save: true` 并使用 `engine.save_16bit_model`。",
+        ),
+    ),
 )
 
 rule(
@@ -106,18 +113,22 @@ rule(
              "zh": "{count} 个权重包含 NaN 或 Inf: {names}"},
     fix={"en": "merge an earlier checkpoint tag (--tag) from before the loss diverged",
          "zh": "改用损失发散之前的检查点 tag(--tag)进行合并"},
-    explanation={
-        "en": _doc("Scans every tensor for NaN and Inf values, one tensor at a time.",
-                   "A single NaN weight makes every output NaN. Training that diverged (often fp16 overflow) "
-                   "saves such weights, and converting to fp16 can turn large fp32 values into Inf.",
-                   "Converting with `--dtype fp16` a model whose weights exceed 65504.",
-                   "Merge an earlier tag, or merge with `--dtype bf16` / `fp32`."),
-        "zh": _zh("逐个张量检查 NaN 和 Inf。",
-                  "一个 NaN 权重就会让所有输出变成 NaN。训练发散(常见于 fp16 溢出)会保存这样的权重;"
-                  "转成 fp16 时超过 65504 的 fp32 值会变成 Inf。",
-                  "用 `--dtype fp16` 转换权重超过 65504 的模型。",
-                  "合并更早的 tag,或用 `--dtype bf16` / `fp32` 合并。"),
-    },
+    explanation=explanation(
+        en=(
+            "Scans every tensor for NaN and Inf values, one tensor at a time.",
+            "A single NaN weight makes every output NaN. Training that diverged (often fp16 overflow) "
+                "saves such weights, and converting to fp16 can turn large fp32 values into Inf.",
+            "Converting with `--dtype fp16` a model whose weights exceed 65504.",
+            "Merge an earlier tag, or merge with `--dtype bf16` / `fp32`.",
+        ),
+        zh=(
+            "逐个张量检查 NaN 和 Inf。",
+            "一个 NaN 权重就会让所有输出变成 NaN。训练发散(常见于 fp16 溢出)会保存这样的权重;"
+                "转成 fp16 时超过 65504 的 fp32 值会变成 Inf。",
+            "用 `--dtype fp16` 转换权重超过 65504 的模型。",
+            "合并更早的 tag,或用 `--dtype bf16` / `fp32` 合并。",
+        ),
+    ),
 )
 
 rule(
@@ -126,17 +137,21 @@ rule(
              "zh": "{count} 个浮点权重是 {found},但配置写的是 {expected}"},
     fix={"en": "pass dtype= explicitly to from_pretrained, or merge with --dtype {expected_short}",
          "zh": "调用 from_pretrained 时显式传 dtype=,或用 --dtype {expected_short} 合并"},
-    explanation={
-        "en": _doc("Compares the dtype of floating tensors with `torch_dtype`/`dtype` in config.json.",
-                   "Loaders that follow the config cast on load: fp32 files loaded as bf16 double the read time "
-                   "for nothing, and bf16 files loaded as fp32 double the memory.",
-                   "`dsdoctor merge` writes fp32 by default while the config says bfloat16.",
-                   "Merge with `--dtype bf16` for inference, or pass `dtype=torch.float32` when you need fp32."),
-        "zh": _zh("把浮点张量的 dtype 与 config.json 中的 `torch_dtype`/`dtype` 比较。",
-                  "按配置加载时会转换类型: fp32 文件按 bf16 加载白白多花一倍读取时间;bf16 文件按 fp32 加载多占一倍内存。",
-                  "`dsdoctor merge` 默认写 fp32,而配置写的是 bfloat16。",
-                  "推理时用 `--dtype bf16` 合并;需要 fp32 时显式传 `dtype=torch.float32`。"),
-    },
+    explanation=explanation(
+        en=(
+            "Compares the dtype of floating tensors with `torch_dtype`/`dtype` in config.json.",
+            "Loaders that follow the config cast on load: fp32 files loaded as bf16 double the read time "
+                "for nothing, and bf16 files loaded as fp32 double the memory.",
+            "`dsdoctor merge` writes fp32 by default while the config says bfloat16.",
+            "Merge with `--dtype bf16` for inference, or pass `dtype=torch.float32` when you need fp32.",
+        ),
+        zh=(
+            "把浮点张量的 dtype 与 config.json 中的 `torch_dtype`/`dtype` 比较。",
+            "按配置加载时会转换类型: fp32 文件按 bf16 加载白白多花一倍读取时间;bf16 文件按 fp32 加载多占一倍内存。",
+            "`dsdoctor merge` 默认写 fp32,而配置写的是 bfloat16。",
+            "推理时用 `--dtype bf16` 合并;需要 fp32 时显式传 `dtype=torch.float32`。",
+        ),
+    ),
 )
 
 rule(
@@ -145,19 +160,23 @@ rule(
              "zh": "绑定的权重 {names} 存储的值不同(最大 |差| {max_diff})"},
     fix={"en": "keep one copy: the model ties them on load and one of the two is silently discarded",
          "zh": "只保留一份:模型加载时会绑定它们,其中一份会被静默丢弃"},
-    explanation={
-        "en": _doc("Checks weights the model ties (input embeddings and `lm_head` when `tie_word_embeddings` is "
-                   "true): when both are stored they must be equal.",
-                   "After loading, the model ties the two and keeps only one; which one depends on the loader, so "
-                   "outputs differ between load paths.",
-                   "A conversion that wrote `lm_head.weight` from an untied training run into a tied config.",
-                   "Store the tied weight once (as `dsdoctor merge` does) and set `tie_word_embeddings` to match "
-                   "how the model was trained."),
-        "zh": _zh("检查模型绑定的权重(`tie_word_embeddings` 为 true 时的输入嵌入和 `lm_head`):两者都存储时必须相等。",
-                  "加载后模型会绑定两者只留一份;留哪份取决于加载方式,于是不同加载路径输出不同。",
-                  "把未绑定训练得到的 `lm_head.weight` 写进了绑定的配置。",
-                  "绑定的权重只存一份(`dsdoctor merge` 就是这样做的),并让 `tie_word_embeddings` 与训练方式一致。"),
-    },
+    explanation=explanation(
+        en=(
+            "Checks weights the model ties (input embeddings and `lm_head` when `tie_word_embeddings` is "
+                "true): when both are stored they must be equal.",
+            "After loading, the model ties the two and keeps only one; which one depends on the loader, so "
+                "outputs differ between load paths.",
+            "A conversion that wrote `lm_head.weight` from an untied training run into a tied config.",
+            "Store the tied weight once (as `dsdoctor merge` does) and set `tie_word_embeddings` to match "
+                "how the model was trained.",
+        ),
+        zh=(
+            "检查模型绑定的权重(`tie_word_embeddings` 为 true 时的输入嵌入和 `lm_head`):两者都存储时必须相等。",
+            "加载后模型会绑定两者只留一份;留哪份取决于加载方式,于是不同加载路径输出不同。",
+            "把未绑定训练得到的 `lm_head.weight` 写进了绑定的配置。",
+            "绑定的权重只存一份(`dsdoctor merge` 就是这样做的),并让 `tie_word_embeddings` 与训练方式一致。",
+        ),
+    ),
 )
 
 rule(
@@ -166,18 +185,22 @@ rule(
              "zh": "{count} 个权重与参考 {reference} 不同(最大 |差| {max_diff},在 {worst})"},
     fix={"en": "check the merge dtype and tag; compare the same step of the same run",
          "zh": "检查合并的 dtype 和 tag;比较同一次训练的同一步"},
-    explanation={
-        "en": _doc("Compares every tensor with the same key in the reference weights, in fp32, with a tolerance "
-                   "that allows one rounding of the narrower dtype.",
-                   "Two conversions of one checkpoint must agree; a difference beyond rounding means a wrong "
-                   "tag, a wrong rebuild rule, or weights from another run.",
-                   "`dsdoctor verify out --model m --reference zero_to_fp32_out`.",
-                   "Re-merge from the intended tag and compare again."),
-        "zh": _zh("把每个张量与参考权重中同名张量按 fp32 比较,容差允许较窄 dtype 的一次舍入。",
-                  "同一检查点的两次转换必须一致;超出舍入的差异说明 tag 错误、重建规则错误或权重来自另一次训练。",
-                  "`dsdoctor verify out --model m --reference zero_to_fp32_out`。",
-                  "从正确的 tag 重新合并后再比较。"),
-    },
+    explanation=explanation(
+        en=(
+            "Compares every tensor with the same key in the reference weights, in fp32, with a tolerance "
+                "that allows one rounding of the narrower dtype.",
+            "Two conversions of one checkpoint must agree; a difference beyond rounding means a wrong "
+                "tag, a wrong rebuild rule, or weights from another run.",
+            "`dsdoctor verify out --model m --reference zero_to_fp32_out`.",
+            "Re-merge from the intended tag and compare again.",
+        ),
+        zh=(
+            "把每个张量与参考权重中同名张量按 fp32 比较,容差允许较窄 dtype 的一次舍入。",
+            "同一检查点的两次转换必须一致;超出舍入的差异说明 tag 错误、重建规则错误或权重来自另一次训练。",
+            "`dsdoctor verify out --model m --reference zero_to_fp32_out`。",
+            "从正确的 tag 重新合并后再比较。",
+        ),
+    ),
 )
 
 rule(
@@ -187,18 +210,22 @@ rule(
              "zh": "logits 与参考不同: 最大 |差| {max_diff}(容差 {tolerance}),top-1 一致率 {agreement}"},
     fix={"en": "find the first differing weight with DSD408, or compare the two load paths with `dsdoctor compare`",
          "zh": "用 DSD408 找到第一个不同的权重,或用 `dsdoctor compare` 比较两种加载方式"},
-    explanation={
-        "en": _doc("Builds the model from its config on the CPU, runs one fixed batch of token ids with these "
-                   "weights and with the reference weights, and compares the logits.",
-                   "Weights can match key by key and still produce other outputs (a missing tie, a wrong buffer); "
-                   "the logits are what users see.",
-                   "`dsdoctor verify out --model m --reference hf_saved`.",
-                   "Fix the weights DSD408 names, then verify again."),
-        "zh": _zh("在 CPU 上按配置构建模型,用本权重和参考权重分别对一批固定的 token id 前向,比较 logits。",
-                  "权重逐个相同也可能输出不同(缺少绑定、buffer 错误);用户看到的是 logits。",
-                  "`dsdoctor verify out --model m --reference hf_saved`。",
-                  "修正 DSD408 指出的权重后再次验证。"),
-    },
+    explanation=explanation(
+        en=(
+            "Builds the model from its config on the CPU, runs one fixed batch of token ids with these "
+                "weights and with the reference weights, and compares the logits.",
+            "Weights can match key by key and still produce other outputs (a missing tie, a wrong buffer); "
+                "the logits are what users see.",
+            "`dsdoctor verify out --model m --reference hf_saved`.",
+            "Fix the weights DSD408 names, then verify again.",
+        ),
+        zh=(
+            "在 CPU 上按配置构建模型,用本权重和参考权重分别对一批固定的 token id 前向,比较 logits。",
+            "权重逐个相同也可能输出不同(缺少绑定、buffer 错误);用户看到的是 logits。",
+            "`dsdoctor verify out --model m --reference hf_saved`。",
+            "修正 DSD408 指出的权重后再次验证。",
+        ),
+    ),
 )
 
 rule(
@@ -207,18 +234,22 @@ rule(
              "zh": "{searched} 中没有 config.json: {out_dir} 只有权重,from_pretrained 无法加载"},
     fix={"en": "re-run with --model DIR (the model's config and tokenizer directory), or copy config.json in",
          "zh": "加上 --model DIR(模型配置和分词器所在目录)重新运行,或把 config.json 复制进去"},
-    explanation={
-        "en": _doc("After a merge, checks that a config.json was copied next to the weights.",
-                   "`from_pretrained(out)` needs config.json (and the tokenizer files for a pipeline). DeepSpeed "
-                   "checkpoints saved outside the HF Trainer do not carry them.",
-                   "`dsdoctor merge ckpt out` where ckpt came from a plain `engine.save_checkpoint`.",
-                   "`dsdoctor merge ckpt out --model path/to/original-model`."),
-        "zh": _zh("合并后检查权重旁边是否复制了 config.json。",
-                  "`from_pretrained(out)` 需要 config.json(做 pipeline 还需要分词器文件)。不经 HF Trainer 保存的 "
-                  "DeepSpeed 检查点里没有这些文件。",
-                  "ckpt 来自普通的 `engine.save_checkpoint`,运行 `dsdoctor merge ckpt out`。",
-                  "`dsdoctor merge ckpt out --model path/to/original-model`。"),
-    },
+    explanation=explanation(
+        en=(
+            "After a merge, checks that a config.json was copied next to the weights.",
+            "`from_pretrained(out)` needs config.json (and the tokenizer files for a pipeline). DeepSpeed "
+                "checkpoints saved outside the HF Trainer do not carry them.",
+            "`dsdoctor merge ckpt out` where ckpt came from a plain `engine.save_checkpoint`.",
+            "`dsdoctor merge ckpt out --model path/to/original-model`.",
+        ),
+        zh=(
+            "合并后检查权重旁边是否复制了 config.json。",
+            "`from_pretrained(out)` 需要 config.json(做 pipeline 还需要分词器文件)。不经 HF Trainer 保存的 "
+                "DeepSpeed 检查点里没有这些文件。",
+            "ckpt 来自普通的 `engine.save_checkpoint`,运行 `dsdoctor merge ckpt out`。",
+            "`dsdoctor merge ckpt out --model path/to/original-model`。",
+        ),
+    ),
 )
 
 rule(
@@ -228,19 +259,23 @@ rule(
     fix={"en": "set tie_word_embeddings: true in config.json if the model ties them, then merge again to store "
                "them once",
          "zh": "如果模型确实绑定它们,在 config.json 中设置 tie_word_embeddings: true,再合并一次即可只存一份"},
-    explanation={
-        "en": _doc("Reports parameters DeepSpeed recorded as shared (`shared_params`) that the config does not "
-                   "declare tied.",
-                   "Writing them once would lose one of them when the loader does not tie; writing both costs "
-                   "disk and memory and lets them drift apart if trained further.",
-                   "A model that ties `lm_head` to the embeddings in code, with `tie_word_embeddings` missing from "
-                   "config.json.",
-                   "Declare the tie in config.json, so the weight is stored once and tied on load."),
-        "zh": _zh("报告 DeepSpeed 记录为共享(`shared_params`)、但配置没有声明绑定的参数。",
-                  "只写一份时,不做绑定的加载器会丢掉其中一个;写两份则多占磁盘和内存,继续训练时还会分叉。",
-                  "模型在代码里把 `lm_head` 绑定到嵌入,但 config.json 里没有 `tie_word_embeddings`。",
-                  "在 config.json 中声明绑定,权重只存一份,加载时再绑定。"),
-    },
+    explanation=explanation(
+        en=(
+            "Reports parameters DeepSpeed recorded as shared (`shared_params`) that the config does not "
+                "declare tied.",
+            "Writing them once would lose one of them when the loader does not tie; writing both costs "
+                "disk and memory and lets them drift apart if trained further.",
+            "A model that ties `lm_head` to the embeddings in code, with `tie_word_embeddings` missing from "
+                "config.json.",
+            "Declare the tie in config.json, so the weight is stored once and tied on load.",
+        ),
+        zh=(
+            "报告 DeepSpeed 记录为共享(`shared_params`)、但配置没有声明绑定的参数。",
+            "只写一份时,不做绑定的加载器会丢掉其中一个;写两份则多占磁盘和内存,继续训练时还会分叉。",
+            "模型在代码里把 `lm_head` 绑定到嵌入,但 config.json 里没有 `tie_word_embeddings`。",
+            "在 config.json 中声明绑定,权重只存一份,加载时再绑定。",
+        ),
+    ),
 )
 
 rule(
@@ -250,19 +285,23 @@ rule(
              "zh": "{count} 个参数不在任何 fp32 分区和冻结记录中,只在 16 位模块权重里;已从那里取出: {names}"},
     fix={"en": "nothing to do for inference; these are the 16-bit values (DeepSpeed's zero_to_fp32 drops them)",
          "zh": "推理无需处理;这些是 16 位的值(DeepSpeed 的 zero_to_fp32 会丢掉它们)"},
-    explanation={
-        "en": _doc("At ZeRO-1/2, reports parameters that only the checkpoint's 16-bit `module` state dict holds.",
-                   "DeepSpeed 0.19.8 writes no `frozen_param_shapes` with the bf16 ZeRO-1 optimizer, so "
-                   "`zero_to_fp32` silently leaves frozen parameters (a frozen base model under LoRA, a frozen "
-                   "embedding) out of its output, and `load_state_dict(strict=False)` keeps them random.",
-                   "`bf16.enabled: true`, `zero_optimization.stage: 1`, part of the model with "
-                   "`requires_grad=False`.",
-                   "`dsdoctor merge` takes them from the module weights (their trained values, in 16 bits) and "
-                   "says so; `dsdoctor verify` confirms no weight is missing."),
-        "zh": _zh("在 ZeRO-1/2 下,报告只存在于检查点 16 位 `module` state dict 中的参数。",
-                  "DeepSpeed 0.19.8 在 bf16 ZeRO-1 优化器下不写 `frozen_param_shapes`,于是 `zero_to_fp32` 的输出静默"
-                  "缺少冻结参数(LoRA 下冻结的基座、冻结的嵌入),`load_state_dict(strict=False)` 让它们保持随机。",
-                  "`bf16.enabled: true`、`zero_optimization.stage: 1`,部分模型 `requires_grad=False`。",
-                  "`dsdoctor merge` 从模块权重中取出它们(训练后的值,16 位)并给出说明;`dsdoctor verify` 确认没有缺失权重。"),
-    },
+    explanation=explanation(
+        en=(
+            "At ZeRO-1/2, reports parameters that only the checkpoint's 16-bit `module` state dict holds.",
+            "DeepSpeed 0.19.8 writes no `frozen_param_shapes` with the bf16 ZeRO-1 optimizer, so "
+                "`zero_to_fp32` silently leaves frozen parameters (a frozen base model under LoRA, a frozen "
+                "embedding) out of its output, and `load_state_dict(strict=False)` keeps them random.",
+            "`bf16.enabled: true`, `zero_optimization.stage: 1`, part of the model with "
+                "`requires_grad=False`.",
+            "`dsdoctor merge` takes them from the module weights (their trained values, in 16 bits) and "
+                "says so; `dsdoctor verify` confirms no weight is missing.",
+        ),
+        zh=(
+            "在 ZeRO-1/2 下,报告只存在于检查点 16 位 `module` state dict 中的参数。",
+            "DeepSpeed 0.19.8 在 bf16 ZeRO-1 优化器下不写 `frozen_param_shapes`,于是 `zero_to_fp32` 的输出静默"
+                "缺少冻结参数(LoRA 下冻结的基座、冻结的嵌入),`load_state_dict(strict=False)` 让它们保持随机。",
+            "`bf16.enabled: true`、`zero_optimization.stage: 1`,部分模型 `requires_grad=False`。",
+            "`dsdoctor merge` 从模块权重中取出它们(训练后的值,16 位)并给出说明;`dsdoctor verify` 确认没有缺失权重。",
+        ),
+    ),
 )

@@ -82,7 +82,8 @@ class VerifyResult:
         return "\n".join(lines) + "\n" + findings_text(self.findings, lang, style)
 
     def to_markdown(self, lang: str = "en") -> str:
-        return markdown_table(("", "verify" if lang != "zh" else "验证"), self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
+        head = ("", "verify" if lang != "zh" else "验证")
+        return markdown_table(head, self._rows(lang)) + "\n" + findings_markdown(self.findings, lang)
 
 
 def _load_config(model):

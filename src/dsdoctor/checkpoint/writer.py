@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsdoctor.checkpoint.plan import Piece, TensorPlan
+from dsdoctor.checkpoint.pieces import Piece, TensorPlan
 from dsdoctor.checkpoint.unpickle import FLOAT_DTYPES, SAFETENSORS_DTYPES
 from dsdoctor.errors import InputError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from dsdoctor.checkpoint.plan import Piece, States, TensorPlan, shape_of, split_range
+from dsdoctor.checkpoint.pieces import Piece, States, TensorPlan, flat_groups, shape_of, split_range
 from dsdoctor.checkpoint.unpickle import TensorRef
 from dsdoctor.errors import InputError
 
@@ -28,12 +28,7 @@ def plan_zero12(states: States, world: int) -> list[TensorPlan]:
             raise InputError(f"frozen parameter {name} is missing or has the wrong size", path=path0)
         out.append(TensorPlan(name, shape, frag.dtype, [Piece(frag, 0, frag.numel)], "frozen"))
 
-    per_rank = []
-    for p, osd in zip(states.layout.optim_files, states.optim):
-        flat = osd.get("single_partition_of_fp32_groups")
-        if not isinstance(flat, list) or not all(isinstance(t, TensorRef) for t in flat):
-            raise InputError("no single_partition_of_fp32_groups in a ZeRO-1/2 optim-states file", path=p)
-        per_rank.append(flat)
+    per_rank = flat_groups(states, "single_partition_of_fp32_groups", "ZeRO-1/2")
     param_shapes = model0["param_shapes"]
     n_groups = len(per_rank[0])
     if any(len(g) != n_groups for g in per_rank) or len(param_shapes) != n_groups:
@@ -66,7 +61,7 @@ def untracked_module_params(states: States, have: set[str]) -> list[TensorPlan]:
     hold. DeepSpeed 0.19.8 writes no frozen_param_shapes with the bf16 ZeRO-1 optimizer, so zero_to_fp32
     silently drops frozen parameters there; at stage 1/2 the module state dict still has them whole."""
     sd = states.model[0]
-    skip = have | set(sd.get("buffer_names") or []) | set((sd.get("shared_params") or {}))
+    skip = have | set(sd.get("buffer_names") or []) | set(sd.get("shared_params") or {})
     out = []
     for name, ref in (sd.get("module") or {}).items():
         if name not in skip and isinstance(ref, TensorRef) and ref.numel > 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dsdoctor.checkpoint.plan import Piece, States, TensorPlan, shape_of, split_range
+from dsdoctor.checkpoint.pieces import Piece, States, TensorPlan, flat_groups, shape_of, split_range
 from dsdoctor.checkpoint.unpickle import TensorRef
 from dsdoctor.errors import InputError
 
@@ -46,12 +46,7 @@ def plan_zero3(states: States, world: int) -> list[TensorPlan]:
                              path=states.layout.model_files[0])
         out.append(TensorPlan(name, shape, frags[0].dtype, split_range(frags, 0, n), "frozen"))
 
-    groups = []
-    for p, osd in zip(states.layout.optim_files, states.optim):
-        flat = osd.get("fp32_flat_groups")
-        if not isinstance(flat, list) or not all(isinstance(t, TensorRef) for t in flat):
-            raise InputError("no fp32_flat_groups in a ZeRO-3 optim-states file", path=p)
-        groups.append(flat)
+    groups = flat_groups(states, "fp32_flat_groups", "ZeRO-3")
     sizes = [sum(t.numel for t in g) for g in groups]
     if len(set(sizes)) != 1:
         detail = ", ".join(f"rank {r}: {s}" for r, s in enumerate(sizes))

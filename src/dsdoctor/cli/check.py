@@ -1,7 +1,7 @@
 """``dsdoctor check CONFIG``: one library call, rendered."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit
+from dsdoctor.cli.common import add_command, add_gpus_flag, add_output_flags, emit
 from dsdoctor.findings import exit_code
 
 
@@ -17,7 +17,7 @@ def register(sub):
     p.add_argument("--mode", choices=("inference", "training"), default="inference",
                    help="what the config is used for (default: inference)")
     p.add_argument("--model", metavar="DIR", help="local model directory or config.json (sizes findings in bytes)")
-    p.add_argument("--gpus", type=int, metavar="N", help="number of GPUs (ranks) it runs on")
+    add_gpus_flag(p, "the accelerate YAML's num_processes, else unknown", " that the config runs on")
     p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree used with it")
     add_output_flags(p)
     p.set_defaults(func=run)

@@ -1,4 +1,12 @@
-"""Flags shared by several commands, and the one way results are written."""
+"""Flags shared by several commands, and the one way results are written.
+
+Shared flags have one meaning in every command; only the default (and, for --out, whether it names a file or
+a directory) differs, and each command's help says it:
+  --gpus N     the number of GPUs the run uses, one rank each
+  -q/--quiet   nothing on stderr but errors (progress, the command's echoed output); stdout is unchanged
+  -o/--out     where the command writes what it produces
+  --dtype      a weight/compute dtype: bf16, fp16 or fp32 (bfloat16, float16, half, float32 accepted)
+"""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +34,34 @@ def add_output_flags(p, fail_on: bool = True, formats=FORMATS):
             "--fail-on", choices=("error", "warning", "info"), default="error",
             help="exit 1 when a finding is at or above this severity (default: error)",
         )
+
+
+def add_gpus_flag(p, default: str, use: str = "") -> None:
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help=f"number of GPUs, one rank each{use} (default: {default})")
+
+
+def add_quiet_flag(p, silenced: str) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help=f"nothing on stderr but errors: {silenced}")
+
+
+def add_out_flag(p, default: str | None, what: str, *, required: bool = False, metavar: str = "DIR") -> None:
+    tail = "" if required else f" (default: {default or 'none'})"
+    p.add_argument("-o", "--out", default=default, required=required, metavar=metavar, help=what + tail)
+
+
+def dtype_name(text: str) -> str:
+    from dsdoctor.model.spec import normalize_dtype
+
+    name = normalize_dtype(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"unsupported dtype {text!r} (use bf16, fp16 or fp32)")
+    return name
+
+
+def add_dtype_flag(p, what: str, default: str | None = None, default_text: str | None = None) -> None:
+    p.add_argument("--dtype", type=dtype_name, default=default, metavar="{bf16,fp16,fp32}",
+                   help=f"{what} (default: {default_text or default})")
 
 
 def lang_of(args) -> str:

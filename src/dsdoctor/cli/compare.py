@@ -1,7 +1,16 @@
 """``dsdoctor compare``: do two load paths (or two weight directories) give the same tokens?"""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, log
+from dsdoctor.cli.common import (
+    add_command,
+    add_dtype_flag,
+    add_gpus_flag,
+    add_out_flag,
+    add_output_flags,
+    add_quiet_flag,
+    emit,
+    log,
+)
 from dsdoctor.findings import exit_code
 
 EXAMPLES = """\
@@ -30,15 +39,14 @@ def register(sub):
     p.add_argument("--paths", default=None,
                    help="comma-separated load paths, the first is the reference: plain, zero3, zero3-offload, tp "
                         "(default: plain,zero3; with MODEL_DIR_B: plain)")
-    p.add_argument("--gpus", type=int, default=None, help="ranks for zero3/zero3-offload/tp (default: visible GPUs, else 2)")
+    add_gpus_flag(p, "visible GPUs, else 2", " for zero3/zero3-offload/tp")
     p.add_argument("--prompts", default=None, metavar="FILE", help="prompt file (see below)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate per prompt (default: 16)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="compute dtype for every path (default: the checkpoint's, else fp32)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write report.json, report.md and raw runs here")
+    add_dtype_flag(p, "compute dtype for every path", default_text="the checkpoint's, else fp32")
+    add_out_flag(p, None, "write report.json, report.md and raw runs into DIR")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up on a load path after S seconds")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_quiet_flag(p, "no progress")
     add_output_flags(p)
     p.set_defaults(func=run)
 
@@ -46,9 +54,8 @@ def register(sub):
 def run(args) -> int:
     from dsdoctor.compare.api import compare
 
-    paths = args.paths or ("plain" if args.model_dir_b else "plain,zero3")
     result = compare(
-        args.model_dir, args.model_dir_b, paths=paths, gpus=args.gpus, prompts=args.prompts,
+        args.model_dir, args.model_dir_b, paths=args.paths, gpus=args.gpus, prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, force=args.force,
         timeout=args.timeout, progress=None if args.quiet else log,
     )

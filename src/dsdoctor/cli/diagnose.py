@@ -1,7 +1,15 @@
 """``dsdoctor diagnose``: the whole troubleshooting as one command (the README's main job)."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of
+from dsdoctor.cli.common import (
+    add_command,
+    add_dtype_flag,
+    add_gpus_flag,
+    add_out_flag,
+    add_output_flags,
+    emit,
+    lang_of,
+)
 
 EXAMPLES = """\
   dsdoctor diagnose -- deepspeed --num_gpus 2 infer.py   # on what the run passes: its config, model and workload
@@ -25,7 +33,7 @@ def register(sub):
                                     "passes to DeepSpeed; with no command, the bundled example)")
     p.add_argument("--model", help="local model directory or config.json (default: the model your command builds; "
                                    "with no command, the bundled 7B example)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs for inference (default: detected, else 1)")
+    add_gpus_flag(p, "the traced run's world size, else detected, else 1", " for inference")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
     p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: this machine's)")
     p.add_argument("--batch", type=int, default=None,
@@ -33,9 +41,9 @@ def register(sub):
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: the traced run's, else 512)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help="generated tokens (default: the traced run's, else 128)")
-    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the model's)")
+    add_dtype_flag(p, "weight dtype", default_text="the traced run's, else the model's, else bf16")
     p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")
-    p.add_argument("--out", default="dsdoctor-out", help="report directory (default: dsdoctor-out)")
+    add_out_flag(p, "dsdoctor-out", "report directory")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
     p.add_argument("--timeout", type=float, default=None, help="watchdog for a traced command, seconds")
     p.add_argument("command", nargs="*", help="after --: your inference command, to trace (and A/B on a GPU)")

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-from dsdoctor import __version__
+from dsdoctor._version import __version__
 from dsdoctor.errors import InputError
 
 # subcommand modules, in --help order; each has register(subparsers)
@@ -33,18 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dsdoctor {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"dsdoctor.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"dsdoctor.cli.{name}":
-                continue  # capability not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"dsdoctor.cli.{name}").register(sub)
     return parser
-
-
-class _Parser(argparse.ArgumentParser):
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:

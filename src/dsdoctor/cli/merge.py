@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, log
+from dsdoctor.cli.common import add_command, add_dtype_flag, add_output_flags, add_quiet_flag, emit, log
 from dsdoctor.findings import exit_code
 
 EXAMPLES = """\
@@ -21,13 +21,12 @@ def register(sub):
     p.add_argument("ckpt_dir", help="checkpoint directory (holding `latest` and the tag directories), or a tag directory")
     p.add_argument("out_dir", help="output directory (created; refused if it exists unless --force)")
     p.add_argument("--tag", help="checkpoint tag to merge (default: the one named in `latest`)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="dtype of floating tensors written (default: fp32, DeepSpeed's master weights)")
+    add_dtype_flag(p, "dtype of floating tensors written", "fp32", "fp32, DeepSpeed's master weights")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default: 5GB)")
     p.add_argument("--model", help="directory with config.json and tokenizer files to copy (default: the checkpoint "
                                    "directory or its parent)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_flag(p, "no progress bar")
     add_output_flags(p)
     p.set_defaults(func=run)
 

@@ -1,7 +1,7 @@
 """``dsdoctor plan``: which load path to use for an inference run, and what fits."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of, log
+from dsdoctor.cli.common import add_command, add_dtype_flag, add_gpus_flag, add_output_flags, emit, lang_of, log
 from dsdoctor.findings import exit_code
 
 EXAMPLES = """\
@@ -22,8 +22,8 @@ def register(sub):
     p.add_argument("--batch", type=int, default=1, help="sequences each rank generates at once (default: 1)")
     p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
     p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
-    p.add_argument("--dtype", default=None, help="weight dtype: bf16, fp16, fp32 (default: the model's, else bf16)")
-    p.add_argument("--gpus", type=int, default=None, help="GPUs (default: detected, else 1)")
+    add_dtype_flag(p, "weight dtype", default_text="the model's, else bf16")
+    add_gpus_flag(p, "detected, else 1")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
     p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: /proc/meminfo)")
     p.add_argument("--h2d-bandwidth", default=None, help="host-to-GPU bandwidth per second, e.g. 25GB (pinned)")

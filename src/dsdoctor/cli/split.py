@@ -1,7 +1,7 @@
 """``dsdoctor split CONFIG -o OUT``: one library call, rendered."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit
+from dsdoctor.cli.common import add_command, add_out_flag, add_output_flags, emit
 
 
 def register(sub):
@@ -13,7 +13,7 @@ def register(sub):
         "  dsdoctor split accelerate_zero3.yaml -o ds_infer.json --force",
     )
     p.add_argument("config", help="DeepSpeed config (JSON/HJSON), accelerate YAML or trainer YAML")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="where to write the inference config (JSON)")
+    add_out_flag(p, None, "where to write the inference config (a JSON file)", required=True, metavar="OUT")
     p.add_argument("--model", metavar="DIR", help="local model directory or config.json (resolves \"auto\" from it)")
     p.add_argument("--keep-auto", action="store_true", help="keep \"auto\" values (the HF Trainer fills them)")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit, lang_of
+from dsdoctor.cli.common import add_command, add_out_flag, add_output_flags, add_quiet_flag, emit, lang_of
 from dsdoctor.findings import exit_code
 
 EXAMPLES = """\
@@ -15,11 +15,11 @@ EXAMPLES = """\
 
 
 def add_run_flags(p, default_out: str) -> None:
-    p.add_argument("-o", "--out", default=default_out, help=f"output directory (default: {default_out})")
+    add_out_flag(p, default_out, "output directory")
     p.add_argument("--force", action="store_true", help="replace the output directory if it exists")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="watchdog: end every process of the run after SECONDS and report where each rank was")
-    p.add_argument("-q", "--quiet", action="store_true", help="do not echo the command's output (kept in output.log)")
+    add_quiet_flag(p, "the command's output is not echoed (it is kept in output.log)")
     add_output_flags(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command to run, after --")
 

@@ -5,9 +5,9 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
@@ -18,7 +18,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.model.spec import load_model_spec, normalize_dtype
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, to_json
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
 
 PROBE_COUNT = 64
 PROBE_SEED = 7
@@ -260,7 +260,7 @@ def probe_ids(vocab_size: int) -> list[int]:
 def compare(
     model_dir,
     model_dir_b=None,
-    paths=("plain", "zero3"),
+    paths=None,
     gpus: int | None = None,
     prompts=None,
     max_new_tokens: int = 16,
@@ -272,12 +272,15 @@ def compare(
 ) -> CompareResult:
     """Greedy-generate the same prompts through each load path and compare every path with the first.
 
+    ``paths``: the load paths, the first the reference (default: plain and zero3; with ``model_dir_b``: plain).
     With ``model_dir_b``: one load path, run on both directories, B compared with A. ``prompts``: a prompt
     file (see ``dsdoctor.compare.prompts``) or a list of token-id lists; None draws deterministic ones.
     ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2). ``out``: a directory for the
     report and the raw run records (refused if it exists unless ``force``)."""
     say = progress or (lambda msg: None)
     spec_a = load_model_spec(_check_model_dir(model_dir))
+    if paths is None:
+        paths = ("plain",) if model_dir_b is not None else ("plain", "zero3")
     paths = _parse_paths(paths)
     if model_dir_b is not None:
         spec_b = load_model_spec(_check_model_dir(model_dir_b))
@@ -373,9 +376,7 @@ def compare(
 
 
 def _write_reports(result: CompareResult, directory: Path) -> None:
-    (directory / "report.json").write_text(to_json(result.to_dict("en")), encoding="utf-8")
-    (directory / "report.md").write_text(result.to_markdown("en"), encoding="utf-8")
-    (directory / "report.zh.md").write_text(result.to_markdown("zh"), encoding="utf-8")
+    write_report(result, directory, "en", also_markdown=("zh",))
     for job in directory.glob("*.job.json"):
         job.unlink()
 

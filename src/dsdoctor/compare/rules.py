@@ -1,6 +1,6 @@
 """DSD5xx: what ``dsdoctor compare`` finds when the same weights go through different load paths.
 Torch-free: imported by ``dsdoctor explain``."""
-from dsdoctor.findings import rule
+from dsdoctor.findings import explanation, rule
 
 OUTPUT_MISMATCH = rule(
     "DSD501", "output-mismatch", "error",
@@ -17,46 +17,48 @@ OUTPUT_MISMATCH = rule(
               "its config differs from {ref}",
         "zh": "不要信任 {other} 的加载结果：检查它实际加载的权重（dsdoctor verify）以及其配置与 {ref} 的区别",
     },
-    explanation={
-        "en": """\
-What it does
-    Runs the same prompts through two load paths (or two weight directories) with greedy decoding and
-    finds a position where the chosen tokens differ although the reference had a clear winner there,
-    or where the logits already differed beyond the dtype's tolerance before the tokens split.
-
-Why is this bad?
-    Greedy decoding of the same weights on the same inputs is deterministic up to rounding. A split on a
-    clear winner means the two paths compute different functions: a tensor missing, zeroed, transposed
-    or loaded into the wrong layer, a ZeRO-3 checkpoint saved without gathering (empty tensors), a merge
-    that dropped a shard, or a tensor-parallel split along the wrong dimension.
-
-Example
-    dsdoctor compare ./merged ./reference
-    -> B differs from A on 4/4 prompts: prompt 0, generated position 0, token 59 vs 17 ...
-
-Use instead
-    Find the broken tensor: `dsdoctor verify` the merged weights against the ZeRO shards, and rerun
-    `dsdoctor compare` until every prompt matches.
+    explanation=explanation(
+        en=(
+            """\
+Runs the same prompts through two load paths (or two weight directories) with greedy decoding and
+finds a position where the chosen tokens differ although the reference had a clear winner there,
+or where the logits already differed beyond the dtype's tolerance before the tokens split.
 """,
-        "zh": """\
-作用
-    用贪心解码让同一组提示分别经过两种加载方式（或两个权重目录），找出参考结果在某位置有明确最优 token
-    而两边选的 token 却不同的情况，或在 token 分叉之前 logit 差已超过该精度容差的情况。
-
-为什么有问题？
-    同一权重、同一输入的贪心解码除舍入误差外是确定的。在明确最优处分叉，说明两种加载方式算的是不同的
-    函数：某个张量缺失、被置零、被转置或加载到了错误的层，ZeRO-3 检查点未聚合就保存（空张量），合并时
-    丢了分片，或张量并行沿错误的维度切分。
-
-示例
-    dsdoctor compare ./merged ./reference
-    -> B 与 A 的输出在 4/4 个提示上不一致：提示 0 的第 0 个生成位置，token 59 对 17 ...
-
-改用
-    找出出错的张量：用 `dsdoctor verify` 对照 ZeRO 分片检查合并后的权重，再运行 `dsdoctor compare`
-    直到所有提示都一致。
+            """\
+Greedy decoding of the same weights on the same inputs is deterministic up to rounding. A split on a
+clear winner means the two paths compute different functions: a tensor missing, zeroed, transposed
+or loaded into the wrong layer, a ZeRO-3 checkpoint saved without gathering (empty tensors), a merge
+that dropped a shard, or a tensor-parallel split along the wrong dimension.
 """,
-    },
+            """\
+dsdoctor compare ./merged ./reference
+-> B differs from A on 4/4 prompts: prompt 0, generated position 0, token 59 vs 17 ...
+""",
+            """\
+Find the broken tensor: `dsdoctor verify` the merged weights against the ZeRO shards, and rerun
+`dsdoctor compare` until every prompt matches.
+""",
+        ),
+        zh=(
+            """\
+用贪心解码让同一组提示分别经过两种加载方式（或两个权重目录），找出参考结果在某位置有明确最优 token
+而两边选的 token 却不同的情况，或在 token 分叉之前 logit 差已超过该精度容差的情况。
+""",
+            """\
+同一权重、同一输入的贪心解码除舍入误差外是确定的。在明确最优处分叉，说明两种加载方式算的是不同的
+函数：某个张量缺失、被置零、被转置或加载到了错误的层，ZeRO-3 检查点未聚合就保存（空张量），合并时
+丢了分片，或张量并行沿错误的维度切分。
+""",
+            """\
+dsdoctor compare ./merged ./reference
+-> B 与 A 的输出在 4/4 个提示上不一致：提示 0 的第 0 个生成位置，token 59 对 17 ...
+""",
+            """\
+找出出错的张量：用 `dsdoctor verify` 对照 ZeRO 分片检查合并后的权重，再运行 `dsdoctor compare`
+直到所有提示都一致。
+""",
+        ),
+    ),
 )
 
 NEAR_TIE = rule(
@@ -72,43 +74,45 @@ NEAR_TIE = rule(
         "en": "Nothing to fix; to confirm, rerun with --dtype fp32, where the split should disappear",
         "zh": "无需修复；如需确认，用 --dtype fp32 重新运行，分叉应当消失",
     },
-    explanation={
-        "en": """\
-What it does
-    Reports a token split where the reference's own top choice and the other path's choice were within
-    twice the dtype tolerance of each other, and the logits matched within tolerance up to that point.
-
-Why is this bad?
-    It is not. Known non-equivalences reorder floating-point sums and move logits by a few ulps:
-    tensor-parallel all-reduce, kernel injection (fused kernels), ZeRO-3 gathered weights used by other
-    kernels, ZeRO weight quantization (zero_quantized_weights, lossy by design), and init_inference's fp16
-    default for a bf16 model. On a near-tie, a few ulps pick the other token and the continuations then
-    differ completely, which looks alarming but is rounding.
-
-Example
-    tp differs at position 9, where the reference's top-2 margin was 0.004 (tolerance 0.1 in bf16).
-
-Use instead
-    Rerun with --dtype fp32 to confirm the load is exact; keep the dtype and kernels the same in the paths
-    you compare.
+    explanation=explanation(
+        en=(
+            """\
+Reports a token split where the reference's own top choice and the other path's choice were within
+twice the dtype tolerance of each other, and the logits matched within tolerance up to that point.
 """,
-        "zh": """\
-作用
-    当分叉位置上参考结果的首选与另一路径的选择相差不超过两倍精度容差、且此前 logit 在容差内一致时报告。
-
-为什么有问题？
-    这并不是问题。已知的非等价会改变浮点求和顺序，使 logit 相差几个 ulp：张量并行的 all-reduce、内核注入
-    （融合内核）、ZeRO-3 聚合后的权重走不同内核、ZeRO 权重量化（zero_quantized_weights，本就有损），以及
-    init_inference 对 bf16 模型默认使用 fp16。在近似平局处，几个 ulp 就会选中另一个 token，之后的生成完全
-    不同，看起来吓人，实为舍入。
-
-示例
-    tp 在第 9 个位置分叉，参考结果在该处的 top-2 差仅为 0.004（bf16 容差 0.1）。
-
-改用
-    用 --dtype fp32 重新运行以确认加载是精确的；比较的各路径保持相同的数据类型和内核。
+            """\
+It is not. Known non-equivalences reorder floating-point sums and move logits by a few ulps:
+tensor-parallel all-reduce, kernel injection (fused kernels), ZeRO-3 gathered weights used by other
+kernels, ZeRO weight quantization (zero_quantized_weights, lossy by design), and init_inference's fp16
+default for a bf16 model. On a near-tie, a few ulps pick the other token and the continuations then
+differ completely, which looks alarming but is rounding.
 """,
-    },
+            """\
+tp differs at position 9, where the reference's top-2 margin was 0.004 (tolerance 0.1 in bf16).
+""",
+            """\
+Rerun with --dtype fp32 to confirm the load is exact; keep the dtype and kernels the same in the paths
+you compare.
+""",
+        ),
+        zh=(
+            """\
+当分叉位置上参考结果的首选与另一路径的选择相差不超过两倍精度容差、且此前 logit 在容差内一致时报告。
+""",
+            """\
+这并不是问题。已知的非等价会改变浮点求和顺序，使 logit 相差几个 ulp：张量并行的 all-reduce、内核注入
+（融合内核）、ZeRO-3 聚合后的权重走不同内核、ZeRO 权重量化（zero_quantized_weights，本就有损），以及
+init_inference 对 bf16 模型默认使用 fp16。在近似平局处，几个 ulp 就会选中另一个 token，之后的生成完全
+不同，看起来吓人，实为舍入。
+""",
+            """\
+tp 在第 9 个位置分叉，参考结果在该处的 top-2 差仅为 0.004（bf16 容差 0.1）。
+""",
+            """\
+用 --dtype fp32 重新运行以确认加载是精确的；比较的各路径保持相同的数据类型和内核。
+""",
+        ),
+    ),
 )
 
 LOGITS_DRIFT = rule(
@@ -123,38 +127,40 @@ LOGITS_DRIFT = rule(
         "en": "Rerun with --dtype fp32 and more --max-new-tokens: a real load error grows into a token mismatch",
         "zh": "用 --dtype fp32 和更大的 --max-new-tokens 重新运行：真正的加载错误会发展成 token 不一致",
     },
-    explanation={
-        "en": """\
-What it does
-    Reports a load path whose greedy tokens match the reference on every prompt while its logits differ
-    by more than the dtype tolerance somewhere.
-
-Why is this bad?
-    Either a small real difference (one norm weight off, a bias missing, a lossy weight quantization) that
-    the few generated tokens did not expose yet, or numerics noisier than the tolerance assumes (fp16
-    overflow-prone layers, very large logits). Both deserve a look before the path goes to production.
-
-Example
-    zero3 vs plain: same 16 tokens on 4 prompts, max logit difference 0.02 in fp32 (tolerance 0.001).
-
-Use instead
-    Compare in fp32 with more prompts and tokens; if the drift stays, diff the loaded weights.
+    explanation=explanation(
+        en=(
+            """\
+Reports a load path whose greedy tokens match the reference on every prompt while its logits differ
+by more than the dtype tolerance somewhere.
 """,
-        "zh": """\
-作用
-    当某加载方式在所有提示上的贪心 token 都与参考一致、但某处 logit 相差超过精度容差时报告。
-
-为什么有问题？
-    可能是尚未在少量生成 token 中暴露的真实小差异（某个 norm 权重不对、缺少 bias、有损的权重量化），也可能
-    数值噪声比容差假设的大（易溢出的 fp16 层、非常大的 logit）。上线前都值得检查。
-
-示例
-    zero3 对 plain：4 个提示上 16 个 token 相同，但 fp32 下最大 logit 差为 0.02（容差 0.001）。
-
-改用
-    用 fp32、更多提示和 token 再比较；若差异仍在，逐个对比加载后的权重。
+            """\
+Either a small real difference (one norm weight off, a bias missing, a lossy weight quantization) that
+the few generated tokens did not expose yet, or numerics noisier than the tolerance assumes (fp16
+overflow-prone layers, very large logits). Both deserve a look before the path goes to production.
 """,
-    },
+            """\
+zero3 vs plain: same 16 tokens on 4 prompts, max logit difference 0.02 in fp32 (tolerance 0.001).
+""",
+            """\
+Compare in fp32 with more prompts and tokens; if the drift stays, diff the loaded weights.
+""",
+        ),
+        zh=(
+            """\
+当某加载方式在所有提示上的贪心 token 都与参考一致、但某处 logit 相差超过精度容差时报告。
+""",
+            """\
+可能是尚未在少量生成 token 中暴露的真实小差异（某个 norm 权重不对、缺少 bias、有损的权重量化），也可能
+数值噪声比容差假设的大（易溢出的 fp16 层、非常大的 logit）。上线前都值得检查。
+""",
+            """\
+zero3 对 plain：4 个提示上 16 个 token 相同，但 fp32 下最大 logit 差为 0.02（容差 0.001）。
+""",
+            """\
+用 fp32、更多提示和 token 再比较；若差异仍在，逐个对比加载后的权重。
+""",
+        ),
+    ),
 )
 
 PATH_FAILED = rule(
@@ -167,39 +173,41 @@ PATH_FAILED = rule(
         "en": "Read the worker log ({log}) and fix the load before comparing its outputs",
         "zh": "查看工作进程日志（{log}），先修复加载问题再比较输出",
     },
-    explanation={
-        "en": """\
-What it does
-    Reports a load path whose worker (in this process, or the ranks started through DeepSpeed's launcher
-    or torchrun) crashed, timed out or wrote no record, so its outputs could not be compared.
-
-Why is this bad?
-    A path that cannot run cannot be trusted either; the usual causes are a DeepSpeed config the engine
-    rejects, a tensor-parallel size that does not divide the attention heads, an out-of-memory error, or
-    missing compiled ops on this machine.
-
-Example
-    the tp load path failed: ranks exited with status 1: AssertionError: ...
-
-Use instead
-    Read the last lines of the worker log shown in the report, fix the cause, rerun.
+    explanation=explanation(
+        en=(
+            """\
+Reports a load path whose worker (in this process, or the ranks started through DeepSpeed's launcher
+or torchrun) crashed, timed out or wrote no record, so its outputs could not be compared.
 """,
-        "zh": """\
-作用
-    当某加载方式的工作进程（本进程内，或经 DeepSpeed 启动器 / torchrun 启动的各 rank）崩溃、超时或未写出
-    结果，导致无法比较其输出时报告。
-
-为什么有问题？
-    无法运行的加载方式同样不可信；常见原因：DeepSpeed 引擎拒绝的配置、张量并行数不能整除注意力头数、
-    显存不足，或本机缺少编译好的算子。
-
-示例
-    tp 加载方式运行失败：ranks exited with status 1: AssertionError: ...
-
-改用
-    查看报告中给出的工作进程日志末尾，修复原因后重新运行。
+            """\
+A path that cannot run cannot be trusted either; the usual causes are a DeepSpeed config the engine
+rejects, a tensor-parallel size that does not divide the attention heads, an out-of-memory error, or
+missing compiled ops on this machine.
 """,
-    },
+            """\
+the tp load path failed: ranks exited with status 1: AssertionError: ...
+""",
+            """\
+Read the last lines of the worker log shown in the report, fix the cause, rerun.
+""",
+        ),
+        zh=(
+            """\
+当某加载方式的工作进程（本进程内，或经 DeepSpeed 启动器 / torchrun 启动的各 rank）崩溃、超时或未写出
+结果，导致无法比较其输出时报告。
+""",
+            """\
+无法运行的加载方式同样不可信；常见原因：DeepSpeed 引擎拒绝的配置、张量并行数不能整除注意力头数、
+显存不足，或本机缺少编译好的算子。
+""",
+            """\
+tp 加载方式运行失败：ranks exited with status 1: AssertionError: ...
+""",
+            """\
+查看报告中给出的工作进程日志末尾，修复原因后重新运行。
+""",
+        ),
+    ),
 )
 
 TP_NUMERICS = rule(
@@ -214,41 +222,43 @@ TP_NUMERICS = rule(
         "en": "Judge tensor-parallel outputs by the tolerance, not by bit equality",
         "zh": "按容差而不是逐位相等来评判张量并行的输出",
     },
-    explanation={
-        "en": """\
-What it does
-    Notes that a tensor-parallel load (deepspeed.init_inference with tensor_parallel, or AutoTP) was
-    compared and explains why its logits differ slightly from a single-device load.
-
-Why is this bad?
-    It is expected: each rank computes a partial matmul and an all-reduce adds the parts, so floating-point
-    sums happen in another order. dsdoctor runs tensor parallelism without kernel injection
-    (replace_with_kernel_inject=False) and with the dtype passed explicitly, so this reordering is the
-    only difference left; kernel injection and ZeRO weight quantization would add more.
-
-Example
-    tp vs plain, bf16, 2 ranks: largest logit difference 0.03, tolerance 0.1: match.
-
-Use instead
-    Nothing to change; if you use kernel injection in production, compare that configuration too.
+    explanation=explanation(
+        en=(
+            """\
+Notes that a tensor-parallel load (deepspeed.init_inference with tensor_parallel, or AutoTP) was
+compared and explains why its logits differ slightly from a single-device load.
 """,
-        "zh": """\
-作用
-    说明比较中包含张量并行加载（带 tensor_parallel 的 deepspeed.init_inference 或 AutoTP），并解释其 logit
-    为何与单卡加载略有不同。
-
-为什么有问题？
-    这是预期行为：每个 rank 计算部分矩阵乘法，再由 all-reduce 求和，浮点求和顺序因此改变。dsdoctor 运行
-    张量并行时不注入内核（replace_with_kernel_inject=False）并显式传入 dtype，所以剩下的唯一差异就是这种
-    重排；内核注入和 ZeRO 权重量化会带来更多差异。
-
-示例
-    tp 对 plain，bf16，2 个 rank：最大 logit 差 0.03，容差 0.1：一致。
-
-改用
-    无需修改；如果生产环境使用内核注入，也请比较那种配置。
+            """\
+It is expected: each rank computes a partial matmul and an all-reduce adds the parts, so floating-point
+sums happen in another order. dsdoctor runs tensor parallelism without kernel injection
+(replace_with_kernel_inject=False) and with the dtype passed explicitly, so this reordering is the
+only difference left; kernel injection and ZeRO weight quantization would add more.
 """,
-    },
+            """\
+tp vs plain, bf16, 2 ranks: largest logit difference 0.03, tolerance 0.1: match.
+""",
+            """\
+Nothing to change; if you use kernel injection in production, compare that configuration too.
+""",
+        ),
+        zh=(
+            """\
+说明比较中包含张量并行加载（带 tensor_parallel 的 deepspeed.init_inference 或 AutoTP），并解释其 logit
+为何与单卡加载略有不同。
+""",
+            """\
+这是预期行为：每个 rank 计算部分矩阵乘法，再由 all-reduce 求和，浮点求和顺序因此改变。dsdoctor 运行
+张量并行时不注入内核（replace_with_kernel_inject=False）并显式传入 dtype，所以剩下的唯一差异就是这种
+重排；内核注入和 ZeRO 权重量化会带来更多差异。
+""",
+            """\
+tp 对 plain，bf16，2 个 rank：最大 logit 差 0.03，容差 0.1：一致。
+""",
+            """\
+无需修改；如果生产环境使用内核注入，也请比较那种配置。
+""",
+        ),
+    ),
 )
 
 INIT_INFERENCE_DTYPE = rule(
@@ -263,35 +273,37 @@ INIT_INFERENCE_DTYPE = rule(
         "en": "Pass dtype={torch_dtype} to init_inference in your own code too",
         "zh": "在你自己的代码中也给 init_inference 传入 dtype={torch_dtype}",
     },
-    explanation={
-        "en": """\
-What it does
-    Reminds that init_inference's dtype defaults to fp16 (DeepSpeed 0.19.8) whenever a tensor-parallel
-    path is compared.
-
-Why is this bad?
-    A bf16 model silently cast to fp16 can overflow in activations and gives outputs that differ from the
-    bf16 reference; the comparison would blame the load path for a dtype change.
-
-Example
-    deepspeed.init_inference(model, tensor_parallel={"tp_size": 2})   # runs in fp16
-
-Use instead
-    deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.bfloat16)
+    explanation=explanation(
+        en=(
+            """\
+Reminds that init_inference's dtype defaults to fp16 (DeepSpeed 0.19.8) whenever a tensor-parallel
+path is compared.
 """,
-        "zh": """\
-作用
-    比较张量并行路径时提醒：init_inference 的 dtype 默认为 fp16（DeepSpeed 0.19.8）。
-
-为什么有问题？
-    bf16 模型被悄悄转成 fp16 后激活可能溢出，输出与 bf16 参考不同；比较结果会把数据类型的变化误判为
-    加载问题。
-
-示例
-    deepspeed.init_inference(model, tensor_parallel={"tp_size": 2})   # 以 fp16 运行
-
-改用
-    deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.bfloat16)
+            """\
+A bf16 model silently cast to fp16 can overflow in activations and gives outputs that differ from the
+bf16 reference; the comparison would blame the load path for a dtype change.
 """,
-    },
+            """\
+deepspeed.init_inference(model, tensor_parallel={"tp_size": 2})   # runs in fp16
+""",
+            """\
+deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.bfloat16)
+""",
+        ),
+        zh=(
+            """\
+比较张量并行路径时提醒：init_inference 的 dtype 默认为 fp16（DeepSpeed 0.19.8）。
+""",
+            """\
+bf16 模型被悄悄转成 fp16 后激活可能溢出，输出与 bf16 参考不同；比较结果会把数据类型的变化误判为
+加载问题。
+""",
+            """\
+deepspeed.init_inference(model, tensor_parallel={"tp_size": 2})   # 以 fp16 运行
+""",
+            """\
+deepspeed.init_inference(model, tensor_parallel={"tp_size": 2}, dtype=torch.bfloat16)
+""",
+        ),
+    ),
 )

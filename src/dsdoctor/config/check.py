@@ -9,16 +9,16 @@ import os
 from dataclasses import dataclass, field
 
 from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
-from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
+from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective
 from dsdoctor.config.load import LoadedConfig, load_config
 from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.errors import InputError
-from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
-from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 from dsdoctor.units import human_bytes, human_count
+from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 
 MODES = ("inference", "training")
 
@@ -163,15 +163,8 @@ def check(config, mode: str = "inference", model: str | os.PathLike | None = Non
 
 
 def read_both(loaded: LoadedConfig, spec: ModelSpec | None) -> tuple[Effective, Effective]:
-    """Both readings, with the file named in any error."""
-    try:
-        eff = effective_settings(loaded.raw, "deepspeed")
-        hf = effective_settings(loaded.raw, "hf-trainer", hidden_size=spec.hidden_size if spec else None)
-    except InputError as exc:
-        if exc.path is None:
-            raise InputError(exc.problem, path=loaded.ref_path or loaded.path, hint=exc.hint) from None
-        raise
-    return eff, hf
+    """Both readings (cached on ``loaded``), with the file named in any error."""
+    return loaded.effective("deepspeed"), loaded.effective("hf-trainer", spec.hidden_size if spec else None)
 
 
 def _model_summary(spec: ModelSpec | None) -> dict | None:
@@ -203,62 +196,93 @@ def param_numels(spec: ModelSpec) -> list[int]:
     return out
 
 
+@dataclass
+class Context:
+    """What every DSD1xx detector reads: one config, both readings, the mode and the optional model."""
+
+    loaded: LoadedConfig
+    eff: Effective  # raw deepspeed.initialize
+    hf: Effective  # as the HF Trainer fills it
+    infer: bool
+    spec: ModelSpec | None
+    gpus: int | None
+    tp: int | None
+
+    @property
+    def raw(self) -> dict:
+        return self.loaded.raw
+
+    @property
+    def name(self) -> str:
+        return self.loaded.path or "ds_config.json"
+
+    @property
+    def elem_bytes(self) -> int:
+        return _elem_bytes(self.eff, self.spec)
+
+
 def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "inference",
            spec: ModelSpec | None = None, gpus: int | None = None, tp: int | None = None) -> list[Finding]:
     """All DSD1xx findings for one config. Other packages call this with a LoadedConfig they already have."""
-    infer = mode == "inference"
-    raw = loaded.raw
-    name = loaded.path or "ds_config.json"
-    found: list[Finding] = []
-    eb = _elem_bytes(eff, spec)
+    ctx = Context(loaded, eff, hf, mode == "inference", spec, gpus, tp)
+    return sort_findings([f for detector in DETECTORS for f in detector(ctx)])
 
-    if loaded.ref_missing:
-        found.append(Finding("DSD113", {"ref": loaded.ref_path, "yaml": loaded.path}))
 
-    if not loaded.ref_missing and not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in raw):
-        found.append(Finding("DSD116", {"config": name}))
+def ref_missing(c: Context):  # DSD113
+    if c.loaded.ref_missing:
+        yield Finding("DSD113", {"ref": c.loaded.ref_path, "yaml": c.loaded.path})
 
-    for key, why in eff.invalid_keys:
-        found.append(Finding("DSD114", {"key": key, "why": why}))
 
-    # DSD101: optimizer at inference
-    if infer and eff.has_optimizer:
-        world = gpus or loaded.num_processes or 1
-        cost = optimizer_cost(spec.num_params if spec else 0, world, eff.offload_optimizer.device, eb,
-                              eff.reduce_bucket_size)
-        bucket = human_bytes(cost["bucket"])
-        if spec and cost["host"]:
-            en, zh = (f"about {human_bytes(cost['host'])} of extra pinned host memory per rank",
-                      f"每个 rank 约多占 {human_bytes(cost['host'])} 锁页主机内存")
-        elif spec:
-            en, zh = (f"about {human_bytes(cost['gpu'])} of extra GPU memory per rank",
-                      f"每个 rank 约多占 {human_bytes(cost['gpu'])} 显存")
-        elif eff.offload_optimizer.enabled:
-            en, zh = (f"about {HOST_BYTES_PER_SHARD_ELEMENT} B of pinned host memory per parameter of each rank's shard",
-                      f"每个 rank 的参数分片每个参数约 {HOST_BYTES_PER_SHARD_ELEMENT} 字节锁页主机内存")
-        else:
-            en, zh = "fp32 master weights and gradient partitions on every GPU", "每张 GPU 上的 fp32 主权重和梯度分区"
-        found.append(Finding("DSD101", {
-            "optimizer": eff.optimizer_type or "optimizer", "config": name, "world_size": world,
-            "cost": f"{en} + a {bucket} GPU reduce bucket (world size {world})",
-            "cost_zh": f"{zh}，外加 {bucket} 的 GPU reduce bucket（world size {world}）",
-            "host_bytes_per_rank": cost["host"] if spec else None, "gpu_bytes_per_rank": cost["gpu"] if spec else None,
-            "gpu_bucket_bytes": cost["bucket"],
-        }))
+def not_a_deepspeed_config(c: Context):  # DSD116
+    if not c.loaded.ref_missing and not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in c.raw):
+        yield Finding("DSD116", {"config": c.name})
 
-    # DSD102: offload_optimizer at inference
-    if infer and eff.offload_optimizer.enabled and eff.has_optimizer:  # without an optimizer: DSD112
-        master = human_bytes(4 * spec.num_params) if spec else "4 B/param"
-        found.append(Finding("DSD102", {"device": eff.offload_optimizer.device, "master": master}))
 
-    # DSD103: ZeRO-3 + tensor parallelism
-    tp_size, tp_source = eff.tp_size, eff.tp_source
-    if tp and tp > tp_size:
-        tp_size, tp_source = tp, "--tp"
-    if infer and eff.zero_stage == 3 and tp_size > 1:
-        found.append(Finding("DSD103", {"stage": eff.zero_stage, "tp_size": tp_size, "source": tp_source}))
+def rejected_keys(c: Context):  # DSD114
+    for key, why in c.eff.invalid_keys:
+        yield Finding("DSD114", {"key": key, "why": why})
 
-    # DSD104: init_inference keys mixed with deepspeed.initialize keys
+
+def optimizer_in_inference(c: Context):  # DSD101
+    eff, spec = c.eff, c.spec
+    if not (c.infer and eff.has_optimizer):
+        return
+    world = c.gpus or c.loaded.num_processes or 1
+    cost = optimizer_cost(spec.num_params if spec else 0, world, eff.offload_optimizer.device, c.elem_bytes,
+                          eff.reduce_bucket_size)
+    if spec and cost["host"]:
+        what = Phrase("host", {"amount": human_bytes(cost["host"])})
+    elif spec:
+        what = Phrase("gpu", {"amount": human_bytes(cost["gpu"])})
+    elif eff.offload_optimizer.enabled:
+        what = Phrase("per-shard-param", {"bytes": HOST_BYTES_PER_SHARD_ELEMENT})
+    else:
+        what = Phrase("master-on-gpu")
+    yield Finding("DSD101", {
+        "optimizer": eff.optimizer_type or "optimizer", "config": c.name, "world_size": world,
+        "cost": Phrase("with-bucket", {"cost": what, "bucket": human_bytes(cost["bucket"]), "world": world}),
+        "host_bytes_per_rank": cost["host"] if spec else None, "gpu_bytes_per_rank": cost["gpu"] if spec else None,
+        "gpu_bucket_bytes": cost["bucket"],
+    })
+
+
+def offload_optimizer_in_inference(c: Context):  # DSD102 (without an optimizer: DSD112)
+    eff = c.eff
+    if c.infer and eff.offload_optimizer.enabled and eff.has_optimizer:
+        master = human_bytes(4 * c.spec.num_params) if c.spec else "4 B/param"
+        yield Finding("DSD102", {"device": eff.offload_optimizer.device, "master": master})
+
+
+def zero3_with_tensor_parallel(c: Context):  # DSD103
+    tp_size, tp_source = c.eff.tp_size, c.eff.tp_source
+    if c.tp and c.tp > tp_size:
+        tp_size, tp_source = c.tp, "--tp"
+    if c.infer and c.eff.zero_stage == 3 and tp_size > 1:
+        yield Finding("DSD103", {"stage": c.eff.zero_stage, "tp_size": tp_size, "source": tp_source})
+
+
+def init_inference_keys_mixed(c: Context):  # DSD104
+    raw = c.raw
     inference_keys = sorted(k for k in raw if k in INIT_INFERENCE_KEYS)
     tpc = raw.get("tensor_parallel")
     if isinstance(tpc, dict) and ("tp_size" in tpc or "tp" in tpc) and "autotp_size" not in tpc:
@@ -266,106 +290,122 @@ def detect(loaded: LoadedConfig, eff: Effective, hf: Effective, *, mode: str = "
     if inference_keys:
         other = sorted(k for k in raw if k not in INIT_INFERENCE_ALL_KEYS and not k.startswith("_"))
         if other:
-            found.append(Finding("DSD104", {"inference_keys": ", ".join(inference_keys),
-                                            "other_keys": ", ".join(other)}))
+            yield Finding("DSD104", {"inference_keys": ", ".join(inference_keys), "other_keys": ", ".join(other)})
 
-    # DSD105: "auto" nothing fills
-    autos = eff.autos
-    if autos:
-        crash = [v for v in autos if v.value is None and v.key.split(".")[0] in
-                 ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                  "gradient_clipping", "optimizer", "scheduler")]
-        parts = []
-        for v in autos:
-            parts.append(f"{v.key} -> TypeError" if v in crash else f"{v.key} -> {_show(v.value)}")
-        f = Finding("DSD105", {"count": len(autos), "summary": ", ".join(parts), "config": name,
-                               "keys": [v.key for v in autos], "crash_keys": [v.key for v in crash]})
-        if not infer:
-            f.severity = "info"  # training goes through the Trainer/accelerate, which fill them
-        elif crash:
-            f.severity = "error"
-        found.append(f)
 
-    # DSD106: offload_param below stage 3
-    if eff.offload_param.enabled and eff.zero_stage < 3:
-        found.append(Finding("DSD106", {"device": eff.offload_param.device, "stage": eff.zero_stage}))
+_CRASH_ON_AUTO = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "gradient_clipping", "optimizer", "scheduler")
 
-    # DSD107: pinned host memory
-    op = eff.offload_param
-    if op.enabled and op.pin_memory and eff.zero_stage == 3:
+
+def unfilled_auto(c: Context):  # DSD105
+    autos = c.eff.autos
+    if not autos:
+        return
+    crash = [v for v in autos if v.value is None and v.key.split(".")[0] in _CRASH_ON_AUTO]
+    summary = ", ".join(f"{v.key} -> TypeError" if v in crash else f"{v.key} -> {_show(v.value)}" for v in autos)
+    f = Finding("DSD105", {"count": len(autos), "summary": summary, "config": c.name,
+                           "keys": [v.key for v in autos], "crash_keys": [v.key for v in crash]})
+    if not c.infer:
+        f.severity = "info"  # training goes through the Trainer/accelerate, which fill them
+    elif crash:
+        f.severity = "error"
+    yield f
+
+
+def offload_param_below_stage3(c: Context):  # DSD106
+    if c.eff.offload_param.enabled and c.eff.zero_stage < 3:
+        yield Finding("DSD106", {"device": c.eff.offload_param.device, "stage": c.eff.zero_stage})
+
+
+def pinned_host_memory(c: Context):  # DSD107
+    op, eb = c.eff.offload_param, c.elem_bytes
+    if op.enabled and op.pin_memory and c.eff.zero_stage == 3:
         if op.device == "cpu":
-            pinned = human_bytes(spec.num_params * eb) if spec else f"{eb} B/param"
+            pinned = human_bytes(c.spec.num_params * eb) if c.spec else f"{eb} B/param"
         else:
-            per_rank = op.buffer_count * op.buffer_size * eb
-            pinned = f"{human_bytes(per_rank)}/rank"
-        found.append(Finding("DSD107", {"device": op.device, "pinned": pinned}))
+            pinned = f"{human_bytes(op.buffer_count * op.buffer_size * eb)}/rank"
+        yield Finding("DSD107", {"device": op.device, "pinned": pinned})
 
-    # DSD108: nvme without a path
+
+def nvme_without_path(c: Context):  # DSD108
+    eff = c.eff
     for section, o in (("offload_param", eff.offload_param), ("offload_optimizer", eff.offload_optimizer)):
-        if o.device == "nvme" and not o.nvme_path and (section == "offload_param" or not infer or eff.has_optimizer):
-            found.append(Finding("DSD108", {"section": section}))
+        if o.device == "nvme" and not o.nvme_path and (section == "offload_param" or not c.infer or eff.has_optimizer):
+            yield Finding("DSD108", {"section": section})
 
-    # DSD109: stage-3 knobs that raise the inference peak
-    if infer and eff.zero_stage == 3:
-        for canonical in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
-            v = eff.values[canonical]
-            if v.value is None or v.value <= v.default:
-                continue
-            if canonical == "param_persistence_threshold":
-                if spec:
-                    nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb)
-                else:
-                    nbytes = "? (--model)"
-            else:
-                limit = v.value if not spec else min(v.value, spec.num_params)
-                nbytes = human_bytes(limit * eb)
-            found.append(Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),
-                                            "default": human_count(v.default), "bytes": nbytes}))
 
-    found += _prefetch_disabled(eff)
+def stage3_knobs_raise_peak(c: Context):  # DSD109
+    if not (c.infer and c.eff.zero_stage == 3):
+        return
+    spec, eb = c.spec, c.elem_bytes
+    for canonical in ("prefetch_bucket_size", "max_live_parameters", "param_persistence_threshold"):
+        v = c.eff.values[canonical]
+        if v.value is None or v.value <= v.default:
+            continue
+        if canonical == "param_persistence_threshold":
+            nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb) if spec else "? (--model)"
+        else:
+            nbytes = human_bytes((v.value if not spec else min(v.value, spec.num_params)) * eb)
+        yield Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),
+                                 "default": human_count(v.default), "bytes": nbytes})
 
-    # DSD110: fp16 for a bf16 model
-    if spec and spec.dtype == "bf16" and eff.dtype == "fp16":
-        src = eff.values["fp16.enabled"]
-        source = "accelerate mixed_precision: fp16" if loaded.mixed_precision == "fp16" and src.state != "set" \
+
+def fp16_for_bf16_model(c: Context):  # DSD110
+    if c.spec and c.spec.dtype == "bf16" and c.eff.dtype == "fp16":
+        src = c.eff.values["fp16.enabled"]
+        source = "accelerate mixed_precision: fp16" if c.loaded.mixed_precision == "fp16" and src.state != "set" \
             else f"{src.key} = {str(src.raw).lower()}"
-        found.append(Finding("DSD110", {"model_dtype": spec.dtype, "source": source}))
+        yield Finding("DSD110", {"model_dtype": c.spec.dtype, "source": source})
 
-    # DSD111: ZeRO-3 on one GPU without offload
-    if infer and gpus == 1 and eff.zero_stage == 3 and not eff.offload_param.enabled:
-        found.append(Finding("DSD111", {"gpus": gpus}))
 
-    # DSD115: ZeRO-1/2 at inference (no weight sharding; asserts without an optimizer)
-    if infer and eff.zero_stage in (1, 2):
-        f = Finding("DSD115", {"stage": eff.zero_stage, "has_optimizer": eff.has_optimizer})
-        if not eff.has_optimizer:
+def zero3_on_one_gpu(c: Context):  # DSD111
+    if c.infer and c.gpus == 1 and c.eff.zero_stage == 3 and not c.eff.offload_param.enabled:
+        yield Finding("DSD111", {"gpus": c.gpus})
+
+
+def zero12_at_inference(c: Context):  # DSD115: no weight sharding; asserts without an optimizer
+    if c.infer and c.eff.zero_stage in (1, 2):
+        f = Finding("DSD115", {"stage": c.eff.zero_stage, "has_optimizer": c.eff.has_optimizer})
+        if not c.eff.has_optimizer:
             f.severity = "error"
-        found.append(f)
-
-    # DSD112: training-only keys
-    if infer:
-        present = training_only_keys(raw)
-        if eff.offload_optimizer.present and not eff.has_optimizer:
-            present.append("zero_optimization.offload_optimizer")
-        if present:
-            found.append(Finding("DSD112", {"count": len(present), "keys": ", ".join(present), "config": name}))
-
-    return sort_findings(found)
+        yield f
 
 
-def _prefetch_disabled(eff: Effective) -> list[Finding]:
-    """DSD322: a ZeRO-3 prefetch bucket or live-parameter budget of 0 switches prefetching off."""
+def training_only(c: Context):  # DSD112
+    if not c.infer:
+        return
+    present = training_only_keys(c.raw)
+    if c.eff.offload_optimizer.present and not c.eff.has_optimizer:
+        present.append("zero_optimization.offload_optimizer")
+    if present:
+        yield Finding("DSD112", {"count": len(present), "keys": ", ".join(present), "config": c.name})
+
+
+# one small detector per code; each yields its findings (never raises one)
+def prefetch_disabled(c: Context):  # DSD322
+    """A ZeRO-3 prefetch bucket or live-parameter budget of 0 switches prefetching off."""
+    eff = c.eff
     if eff.zero_stage != 3:
-        return []
-    zeros = [eff.values[c] for c in ("prefetch_bucket_size", "max_live_parameters")
-             if eff.values[c].value is not None and eff.values[c].value == 0]
+        return
+    zeros = [eff.values[k] for k in ("prefetch_bucket_size", "max_live_parameters")
+             if eff.values[k].value is not None and eff.values[k].value == 0]
     if not zeros:
-        return []
+        return
     keys = [v.key for v in zeros]
-    return [Finding("DSD322", {
+    yield Finding("DSD322", {
         "knobs": ", ".join(f"{k} = 0" for k in keys), "keys": " and ".join(keys),
         "default_prefetch": human_count(eff.values["prefetch_bucket_size"].default),
-        "default_live": human_count(eff.values["max_live_parameters"].default)})]
+        "default_live": human_count(eff.values["max_live_parameters"].default)})
+
+
+DETECTORS = (
+    ref_missing, not_a_deepspeed_config, rejected_keys, optimizer_in_inference, offload_optimizer_in_inference,
+    zero3_with_tensor_parallel, init_inference_keys_mixed, unfilled_auto, offload_param_below_stage3,
+    pinned_host_memory, nvme_without_path, stage3_knobs_raise_peak, fp16_for_bf16_model, zero3_on_one_gpu,
+    zero12_at_inference, training_only, prefetch_disabled,
+)
+
+
 
 
 _ALIAS_TO_CANONICAL = {alias: canonical for canonical, alias in STAGE3_ALIASES.items()}

@@ -21,9 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsdoctor.config.schema import (  # noqa: F401  (re-exported: other modules read them from here)
-    BF16_FIELDS, FP16_FIELDS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_OPTIMIZER_TYPES,
-    OFFLOAD_PARAM_FIELDS, OFFLOAD_PARAM_TYPES, REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS,
-    STAGE3_ALIASES, ZERO_DEFAULTS, ZERO_FIELDS, ZERO_TYPES,
+    BF16_FIELDS,
+    FP16_FIELDS,
+    OFFLOAD_OPTIMIZER_FIELDS,
+    OFFLOAD_OPTIMIZER_TYPES,
+    OFFLOAD_PARAM_FIELDS,
+    OFFLOAD_PARAM_TYPES,
+    REMOVED_TOP_LEVEL_KEYS,
+    REMOVED_ZERO_KEYS,
+    STAGE3_ALIASES,
+    ZERO_DEFAULTS,
+    ZERO_FIELDS,
+    ZERO_TYPES,
 )
 from dsdoctor.errors import InputError
 
@@ -498,7 +507,7 @@ def _precision_errors(section: dict, name: str, key: str, invalid: list) -> None
         except InputError as exc:
             invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
     if name == "fp16" and ok.get("enabled", False) and ok.get("loss_scale", 0) == 0:
-        for k, default in (("loss_scale_window", 1000), ("min_loss_scale", 1)):
+        for k in ("loss_scale_window", "min_loss_scale"):
             if k in ok and ok[k] <= 0:
                 invalid.append((f"{key}.{k}", "must be > 0 with dynamic loss scaling (loss_scale 0): a ValidationError "
                                               "in DeepSpeed"))

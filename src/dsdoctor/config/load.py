@@ -23,7 +23,6 @@ from dsdoctor.errors import InputError
 MAX_BYTES = 10 * 1024 * 1024  # real configs are a few KiB
 YAML_SUFFIXES = (".yaml", ".yml")
 
-KINDS = ("json", "hjson", "yaml", "accelerate-yaml", "trainer-yaml", "dict")
 
 
 @dataclass
@@ -44,10 +43,26 @@ class LoadedConfig:
     num_processes: int | None = None  # accelerate YAML: how many ranks it launches
     mixed_precision: str | None = None  # accelerate YAML / trainer YAML: "bf16", "fp16", "no"
     notes: list[str] = field(default_factory=list)
+    _readings: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         return self.path or "<dict>"
+
+    def effective(self, filler: str = "deepspeed", hidden_size: int | None = None):
+        """``effective_settings`` of this config, read once per (filler, hidden_size) and shared by every
+        caller (check, split, plan), with the file named in any error. Callers must not mutate it."""
+        key = (filler, hidden_size if filler == "hf-trainer" else None)
+        if key not in self._readings:
+            from dsdoctor.config.effective import effective_settings
+
+            try:
+                self._readings[key] = effective_settings(self.raw, filler, hidden_size=key[1])
+            except InputError as exc:
+                if exc.path is None:
+                    raise InputError(exc.problem, path=self.ref_path or self.path, hint=exc.hint) from None
+                raise
+        return self._readings[key]
 
     def to_dict(self) -> dict:
         return {
@@ -125,23 +140,27 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     return _plain(data), kind
 
 
-def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+def _strict(loads, text: str, path: Path):
+    """``loads`` with DeepSpeed's refusal of duplicate keys; too deep a nesting is bad input too."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates), "json"
+        return loads(text, object_pairs_hook=_no_duplicates)
     except DuplicateKeyError as exc:
         raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
     except RecursionError:
         raise InputError("is nested too deeply", path=path) from None
+
+
+def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+    try:
+        return _strict(json.loads, text, path), "json"
     except ValueError as first:
         json_error = first
     import hjson  # DeepSpeed's own parser: comments, unquoted keys, trailing commas
 
     try:
-        return hjson.loads(text, object_pairs_hook=_no_duplicates), "hjson"
-    except DuplicateKeyError as exc:
-        raise InputError(f"{exc} (DeepSpeed rejects duplicate keys)", path=path) from None
-    except RecursionError:
-        raise InputError("is nested too deeply", path=path) from None
+        return _strict(hjson.loads, text, path), "hjson"
+    except InputError:
+        raise
     except Exception as exc:  # hjson raises HjsonDecodeError and, on odd input, other ValueErrors
         where = ""
         if isinstance(json_error, json.JSONDecodeError):

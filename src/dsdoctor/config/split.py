@@ -27,8 +27,6 @@ from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
-_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "tensor_parallel")
-
 
 @dataclass
 class Change:
@@ -218,6 +216,6 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
                                         fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
     atomic_write_text(out_path, text, force=force)
-    findings = check(new, mode="inference", model=model).findings
+    findings = check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference", model=model).findings
     return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
                        changes=changes, diff=diff, findings=findings)

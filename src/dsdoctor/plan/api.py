@@ -95,6 +95,8 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
          gpu_name: str | None = None) -> PlanResult:
+    """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
@@ -112,7 +114,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
         speed = estimate_speed(mem, shape, wl, hw, k)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(**change):
+        def fits_with(name=name, k=k, **change):  # bound now: called within this iteration only
             other = dataclasses.replace(wl, **change)
             m = estimate_path(name, shape, other, hw, k)
             return _fits(m, hw)[0]
@@ -144,8 +146,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
                   "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                   "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
                   "kv_bytes_per_token": sum(shape.kv_elems_per_token) * wl.dtype_bytes}
-    return PlanResult(model_info, wl.to_dict(), hw.to_dict(), knobs.to_dict() if knobs else None, plans,
-                      recommendation, findings, weights_only)
+    return PlanResult(model_info, wl, hw, knobs, plans, recommendation, findings, weights_only)
 
 
 def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Finding]:
@@ -168,7 +169,8 @@ def _findings(plans, chosen, knobs, config_path, hw, wl: Workload) -> list[Findi
         host_cost = sum(v for k, v in cp.host_breakdown.items() if k in train_keys)
         out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
     if cp is not None and "gpu" in cp.limits:
-        out.append(Finding("DSD204", {"path": cp.name, "need": human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes),
+        need = human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes)
+        out.append(Finding("DSD204", {"path": cp.name, "need": need,
                                       "capacity": human_bytes(hw.gpu_memory),
                                       "recommended": chosen.name if chosen else "none"}))
     plain = by.get("plain")

@@ -198,7 +198,8 @@ def trace_steps(shape: ModelShape, b: int, tp: int = 1) -> list[Step]:
             parent = ".".join(parts[:depth])
             if parent not in entered and (layer is not None and f".{layer}" in "." + parent):
                 entered.add(parent)
-                steps.append(Step(parent, [], levels["input_layernorm"] - NORM_FP32_BYTES * shape.hidden - b * shape.hidden, layer))
+                level = levels["input_layernorm"] - NORM_FP32_BYTES * shape.hidden - b * shape.hidden
+                steps.append(Step(parent, [], level, layer))
         kind = _step_kind(name)
         plist = [(index[id(p)], p.numel) for p in params]
         if layer is None:

@@ -53,15 +53,15 @@ def render_png(result: PlanResult) -> bytes:
         if any(vals):
             ax.barh(names, vals, left=left, color=COLORS.get(k, "#cccccc"), label=label(k, "en"))
         left = [a + b for a, b in zip(left, vals)]
-    cap = result.hardware["gpu_memory"] / GiB
+    cap = result.hardware.gpu_memory / GiB
     ax.axvline(cap, color="black", linestyle="--", linewidth=1)
     ax.annotate(f"GPU {cap:.0f} GiB", (cap, -0.6), ha="right", fontsize=8)
     ax.set_xlabel("GiB per GPU (peak over load + generate)")
     ax.invert_yaxis()
     ax.legend(fontsize=7, loc="best")
     w = result.workload
-    ax.set_title(f"{result.model['model_type']} {result.model['num_params'] / 1e9:.2f}B params, batch {w['batch']}, "
-                 f"prompt {w['prompt_len']}, +{w['new_tokens']} tokens, {result.hardware['gpus']} GPU(s)", fontsize=9)
+    ax.set_title(f"{result.model['model_type']} {result.model['num_params'] / 1e9:.2f}B params, batch {w.batch}, "
+                 f"prompt {w.prompt_len}, +{w.new_tokens} tokens, {result.hardware.gpus} GPU(s)", fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -71,7 +71,7 @@ def render_png(result: PlanResult) -> bytes:
 
 def render_html(result: PlanResult, lang: str = "en") -> str:
     keys, rows = _stacks(result)
-    cap = result.hardware["gpu_memory"]
+    cap = result.hardware.gpu_memory
     scale_max = max([cap] + [sum(r[1].values()) for r in rows]) * 1.05
     width, bar_h, left_pad = 720, 26, 150
     height = len(rows) * (bar_h + 12) + 40

@@ -4,7 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.i18n import pick
+from dsdoctor.plan.ds_knobs import DsKnobs
+from dsdoctor.plan.hardware import Hardware
+from dsdoctor.plan.workload import Workload
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 
 LABELS = {
@@ -25,6 +29,31 @@ LABELS = {
     "offloaded_params": ("offloaded params", "卸载的参数"),
     "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
     "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
+}
+
+
+# every other word of the rendered plan, per language
+TEXT = {
+    "head": {"en": ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "fits", "tok/s/rank", "max batch",
+                    "max prompt"),
+             "zh": ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "放得下", "token/s/rank", "最大 batch",
+                    "最长 prompt")},
+    "yes": {"en": "yes", "zh": "是"},
+    "no": {"en": "no", "zh": "否"},
+    "model": {"en": "model {model_type}: {params} params ({counted_by}), weights alone {weights}\n",
+              "zh": "模型 {model_type}：{params} 参数（{counted_by}），仅权重 {weights}\n"},
+    "workload": {"en": "workload: batch {batch} per rank, prompt {prompt_len}, {new_tokens} new tokens, {dtype}\n",
+                 "zh": "负载：每 rank batch {batch}，prompt {prompt_len}，新 token {new_tokens}，{dtype}\n"},
+    "hardware": {"en": "hardware: {gpus} x {gpu_memory} GPU, host {host_memory}\n",
+                 "zh": "硬件：{gpus} x {gpu_memory} GPU，主机 {host_memory}\n"},
+    "breakdown": {"en": "per-GPU peak breakdown:", "zh": "每卡峰值构成："},
+    "peak at": {"en": "peak at", "zh": "峰值在"},
+    "load": {"en": "load", "zh": "加载"},
+    "prefill": {"en": "prefill", "zh": "prefill"},
+    "decode": {"en": "decode", "zh": "decode"},
+    "recommended": {"en": "recommended", "zh": "推荐"},
+    "title": {"en": "# dsdoctor plan\n\n", "zh": "# dsdoctor 加载方案\n\n"},
+    "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},
 }
 
 
@@ -82,9 +111,9 @@ class Recommendation:
 @dataclass
 class PlanResult:
     model: dict
-    workload: dict
-    hardware: dict
-    knobs: dict | None
+    workload: Workload
+    hardware: Hardware
+    knobs: DsKnobs | None
     paths: list[PathPlan]
     recommended: Recommendation
     findings: list[Finding]
@@ -95,7 +124,8 @@ class PlanResult:
 
     def to_dict(self, lang: str = "en") -> dict:
         return {
-            "model": self.model, "workload": self.workload, "hardware": self.hardware, "config": self.knobs,
+            "model": self.model, "workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
+            "config": self.knobs.to_dict() if self.knobs else None,
             "weights_only_bytes": self.weights_only_bytes,
             "paths": [p.to_dict() for p in self.paths],
             "recommended": self.recommended.to_dict(lang),
@@ -112,54 +142,45 @@ class PlanResult:
                 f"{p.tokens_per_s:.1f}", p.max_batch if p.max_batch is not None else "-",
                 p.max_prompt_len if p.max_prompt_len is not None else "-",
             ))
-        head_en = ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "fits", "tok/s/rank", "max batch",
-                   "max prompt")
-        head_zh = ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "放得下", "token/s/rank", "最大 batch",
-                   "最长 prompt")
-        return (head_zh if lang == "zh" else head_en), rows
+        return pick(TEXT["head"], lang), rows
 
     def _header(self, lang: str) -> str:
         m, w, h = self.model, self.workload, self.hardware
-        if lang == "zh":
-            return (f"模型 {m['model_type']}：{human_count(m['num_params'])} 参数（{m['counted_by']}），"
-                    f"仅权重 {human_bytes(self.weights_only_bytes)}\n"
-                    f"负载：每 rank batch {w['batch']}，prompt {w['prompt_len']}，新 token {w['new_tokens']}，{w['dtype']}\n"
-                    f"硬件：{h['gpus']} x {human_bytes(h['gpu_memory'])} GPU，主机 {human_bytes(h['host_memory'])}\n")
-        return (f"model {m['model_type']}: {human_count(m['num_params'])} params ({m['counted_by']}), "
-                f"weights alone {human_bytes(self.weights_only_bytes)}\n"
-                f"workload: batch {w['batch']} per rank, prompt {w['prompt_len']}, {w['new_tokens']} new tokens, {w['dtype']}\n"
-                f"hardware: {h['gpus']} x {human_bytes(h['gpu_memory'])} GPU, host {human_bytes(h['host_memory'])}\n")
+        return (pick(TEXT["model"], lang).format(model_type=m["model_type"], params=human_count(m["num_params"]),
+                                                 counted_by=m["counted_by"],
+                                                 weights=human_bytes(self.weights_only_bytes))
+                + pick(TEXT["workload"], lang).format(batch=w.batch, prompt_len=w.prompt_len,
+                                                      new_tokens=w.new_tokens, dtype=w.dtype)
+                + pick(TEXT["hardware"], lang).format(gpus=h.gpus, gpu_memory=human_bytes(h.gpu_memory),
+                                                      host_memory=human_bytes(h.host_memory)))
 
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []
         for p in self.paths:
             parts = ", ".join(f"{label(k, lang)} {human_bytes(v)}" for k, v in p.breakdown.items())
-            at = {"load": "加载", "prefill": "prefill", "decode": "decode"}[p.peak_at] if lang == "zh" else p.peak_at
-            lines.append(f"  {p.name} ({'峰值在' if lang == 'zh' else 'peak at'} {at}): {parts}")
+            lines.append(f"  {p.name} ({pick(TEXT['peak at'], lang)} {pick(TEXT[p.peak_at], lang)}): {parts}")
         return lines
 
-    def to_text(self, lang: str = "en", style=None) -> str:
-        head, rows = self._rows(lang, style.ok if style else "yes", style.error if style else "no")
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        head, rows = self._rows(lang, style.ok, style.error)
         out = [self._header(lang), text_table(head, rows)]
-        out.append(("每卡峰值构成：" if lang == "zh" else "per-GPU peak breakdown:") + "\n"
-                   + "\n".join(self._breakdown_lines(lang)) + "\n")
+        out.append(pick(TEXT["breakdown"], lang) + "\n" + "\n".join(self._breakdown_lines(lang)) + "\n")
         rec = self.recommended
         if rec.path:
-            out.append(("推荐" if lang == "zh" else "recommended") + f": {rec.path}: {rec.why.get(lang, rec.why['en'])}\n")
+            out.append(f"{pick(TEXT['recommended'], lang)}: {rec.path}: {pick(rec.why, lang)}\n")
             out.append(rec.code.rstrip() + "\n")
-        out.append(findings_text(self.findings, lang, style) if style else "")
+        out.append(findings_text(self.findings, lang, style))
         return "\n".join(x for x in out if x)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head, rows = self._rows(lang, "yes" if lang == "en" else "是", "no" if lang == "en" else "否")
-        title = "# dsdoctor plan\n\n" if lang == "en" else "# dsdoctor 加载方案\n\n"
-        out = [title, self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
-        bhead = ("path", "part", "bytes") if lang == "en" else ("方式", "部分", "字节")
+        head, rows = self._rows(lang, pick(TEXT["yes"], lang), pick(TEXT["no"], lang))
+        out = [pick(TEXT["title"], lang), self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
         brows = [(p.name, label(k, lang), human_bytes(v)) for p in self.paths for k, v in p.breakdown.items()]
-        out += [markdown_table(bhead, brows), "\n"]
+        out += [markdown_table(pick(TEXT["part head"], lang), brows), "\n"]
         rec = self.recommended
         if rec.path:
-            out.append(("**推荐**" if lang == "zh" else "**Recommended**")
-                       + f": `{rec.path}`: {rec.why.get(lang, rec.why['en'])}\n\n```python\n{rec.code}```\n\n")
+            out.append(f"**{pick(TEXT['recommended'], lang).capitalize()}**"
+                       + f": `{rec.path}`: {pick(rec.why, lang)}\n\n```python\n{rec.code}```\n\n")
         out.append(findings_markdown(self.findings, lang))
         return "".join(out)

@@ -1,7 +1,9 @@
-"""Renderers shared by every result type.
+"""The one result protocol, its renderers and its report writer.
 
-A result type is a small dataclass with ``to_dict(lang)``, ``to_text(lang, style)`` and
-``to_markdown(lang)``. These helpers render the parts that every result has: findings and tables.
+Every result type (check, split, plan, trace, ab, merge, verify, compare, diagnose, env) is a small dataclass
+with ``findings`` and the three methods of ``Result``. A missing ``style`` means ``Style()`` everywhere: the
+text has the same content with or without one; only the glyphs change. These helpers render the parts every
+result has (findings, tables); ``render`` picks the format and ``write_report`` writes the report files.
 Results go to stdout; logs and hints to stderr.
 """
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 from dsdoctor.findings import Finding, sort_findings
 
@@ -26,7 +30,7 @@ class Style:
     arrow: str = "→"
 
     @classmethod
-    def for_stream(cls, stream=None) -> "Style":
+    def for_stream(cls, stream=None) -> Style:
         stream = stream or sys.stdout
         encoding = getattr(stream, "encoding", None) or "ascii"
         try:
@@ -37,6 +41,16 @@ class Style:
 
 
 ASCII = Style(error="x", warning="!", info="i", ok="ok", arrow="->")
+
+
+class Result(Protocol):
+    findings: list[Finding]
+
+    def to_dict(self, lang: str = "en") -> dict: ...
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str: ...  # None: Style()
+
+    def to_markdown(self, lang: str = "en") -> str: ...
 
 
 def to_json(data) -> str:
@@ -92,10 +106,27 @@ def text_table(head, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(result, fmt: str, lang: str, stream=None) -> str:
+def render(result: Result, fmt: str, lang: str, stream=None) -> str:
     """The text of ``result`` in ``fmt``."""
     if fmt == "json":
         return to_json(result.to_dict(lang))
     if fmt == "markdown":
         return result.to_markdown(lang)
     return result.to_text(lang, Style.for_stream(stream))
+
+
+def write_report(result: Result, directory, lang: str = "en", *, also_markdown: tuple[str, ...] = (),
+                 html_title: str | None = None) -> None:
+    """The one report writer: ``report.json`` and ``report.md`` in ``lang`` into ``directory``, plus
+    ``report.<lang>.md`` for each of ``also_markdown`` and ``report.html`` (images inlined) with a title."""
+    directory = Path(directory)
+    markdown = result.to_markdown(lang)
+    (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
+    (directory / "report.md").write_text(markdown, encoding="utf-8")
+    for other in also_markdown:
+        (directory / f"report.{other}.md").write_text(result.to_markdown(other), encoding="utf-8")
+    if html_title:
+        from dsdoctor.report.html import markdown_to_html
+
+        (directory / "report.html").write_text(markdown_to_html(markdown, html_title, base=directory),
+                                               encoding="utf-8")

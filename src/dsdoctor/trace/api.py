@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dsdoctor.errors import InputError
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.report.render import to_json
+from dsdoctor.report.render import write_report
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import read_records
@@ -55,8 +55,7 @@ def _trace_into(directory: Path, command: list[str], variant: str | None, timeou
             write_timelines(result, directory)
         except Exception as exc:  # a picture must not cost the report
             print(f"dsdoctor: timeline picture skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
-        (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
-        (directory / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
+        write_report(result, directory, lang)
     return result
 
 
@@ -102,8 +101,7 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
         findings = [stop] if stop is not None else diagnose(results)
         result = AbResult(command=command, variants=results, findings=findings + as_is_findings, out_dir=final)
         if final:
-            (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
-            (directory / "report.md").write_text(result.to_markdown(lang), encoding="utf-8")
+            write_report(result, directory, lang)
         return result
 
     if out is None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsdoctor.findings import Finding, sort_findings
+from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
-from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
@@ -40,7 +40,7 @@ class VariantResult:
     generate_peak_host_bytes: int | None = None
 
     @classmethod
-    def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> "VariantResult":
+    def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> VariantResult:
         stopped = [f"rank {r.rank} in {r.stopped_in}" + (f" ({r.where})" if r.where else "")
                    for r in t.ranks if r.stopped_in]
         stopped += [f"rank {r.rank} OOM in " + next((p["label"] for p in r.phases if p.get("error")), "?")
@@ -96,15 +96,14 @@ class AbResult:
                                         {"en": "tokens/s", "zh": "tokens/s"}, {"en": "wall", "zh": "用时"},
                                         {"en": "where it stopped", "zh": "停止位置"})]
 
-    def to_text(self, lang: str = "en", style=None) -> str:
-        from dsdoctor.report.render import ASCII
-
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
         out = [f"dsdoctor ab: {' '.join(self.command)}\n\n", text_table(self._head(lang), list(self._rows())), "\n"]
         d = self.diagnosis
         if d:
             label = "diagnosis" if lang == "en" else "诊断"
-            out.append(f"{label}: {d.code} {d.message(lang)}\n  {(style or ASCII).arrow} {d.fix(lang)}\n\n")
-        out.append(findings_text(self.findings, lang, style or ASCII))
+            out.append(f"{label}: {d.code} {d.message(lang)}\n  {style.arrow} {d.fix(lang)}\n\n")
+        out.append(findings_text(self.findings, lang, style))
         if self.out_dir:
             out.append(f"files: {self.out_dir}/report.json, report.md, <variant>/report.json\n")
         return "".join(out)
@@ -136,29 +135,14 @@ def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str])
         variant = name
     apis = {c.get("api") for c in seen}
     if "deepspeed.init_inference" in apis:
-        why = "the run hands its config to deepspeed.init_inference, which takes an inference config, not a ZeRO one"
-        why_zh = "该运行把配置交给 deepspeed.init_inference，它接收的是推理配置而不是 ZeRO 配置"
-        advice = ("compare load paths with dsdoctor plan (and their outputs with dsdoctor compare); ab varies "
-                  "configs given to deepspeed.initialize or HfDeepSpeedConfig")
-        advice_zh = ("用 dsdoctor plan 比较加载方式（用 dsdoctor compare 比较输出）；ab 只能改写交给 "
-                     "deepspeed.initialize 或 HfDeepSpeedConfig 的配置")
+        why, advice = Phrase("why-init-inference"), Phrase("advice-plan")
     elif apis & set(REWRITTEN_AT):
-        why = "the config reached DeepSpeed in a form dsdoctor cannot rewrite (not a dict or a file)"
-        why_zh = "配置以 dsdoctor 无法改写的形式（不是 dict 或文件）到达 DeepSpeed"
-        advice = "pass the config to deepspeed.initialize as a dict or a file path"
-        advice_zh = "把配置以 dict 或文件路径的形式传给 deepspeed.initialize"
-    elif t.status not in ("ok",) and not seen:
-        why = f"the run ended ({t.status}) before any config reached DeepSpeed"
-        why_zh = f"运行在任何配置到达 DeepSpeed 之前就结束了（{t.status}）"
-        advice = "fix the run first: dsdoctor trace -- COMMAND shows where it stops"
-        advice_zh = "先修复运行：dsdoctor trace -- COMMAND 会显示它停在哪里"
+        why, advice = Phrase("why-not-rewritable"), Phrase("advice-dict")
+    elif t.status != "ok" and not seen:
+        why, advice = Phrase("why-ended", {"status": t.status}), Phrase("advice-trace")
     else:
-        why = "no DeepSpeed config reached deepspeed.initialize or HfDeepSpeedConfig in this run"
-        why_zh = "本次运行中没有 DeepSpeed 配置到达 deepspeed.initialize 或 HfDeepSpeedConfig"
-        advice = "ab needs a run that passes a DeepSpeed config; compare load paths with dsdoctor plan instead"
-        advice_zh = "ab 需要一个会传入 DeepSpeed 配置的运行；改用 dsdoctor plan 比较加载方式"
-    return Finding("DSD320", {"variant": variant, "why": why, "why_zh": why_zh, "ran": ", ".join(ran), "advice": advice,
-                              "advice_zh": advice_zh})
+        why, advice = Phrase("why-none"), Phrase("advice-no-config")
+    return Finding("DSD320", {"variant": variant, "why": why, "ran": ", ".join(ran), "advice": advice})
 
 
 def _metric(v: VariantResult, gpu: bool):
@@ -177,10 +161,6 @@ def _summary(variants: list[VariantResult], gpu: bool) -> str:
     return "; ".join(parts)
 
 
-def _zh(kind: str) -> str:
-    return "主机" if kind == "host" else "GPU "
-
-
 def _lower(a, b) -> bool:
     """a is clearly lower than b."""
     return a is not None and b is not None and a < b * (1 - NOISE)
@@ -188,7 +168,7 @@ def _lower(a, b) -> bool:
 
 def diagnose(variants: list[VariantResult]) -> list[Finding]:
     gpu = any(v.peak_gpu_bytes is not None for v in variants)
-    kind = "GPU" if gpu else "host"
+    kind = Phrase("gpu" if gpu else "host")
     by = {v.name: v for v in variants}
     base, nop, split = by.get("as-is"), by.get("no-offload-param"), by.get("split")
     out: list[Finding] = []
@@ -196,40 +176,39 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
     if base and nop and base.offload_param:
         b, n = _metric(base, gpu), _metric(nop, gpu)
         if base.status == "oom" and nop.status == "oom":
-            out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": "; OOM in both"}))
+            out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": Phrase("oom-both")}))
         elif base.status == "oom" and nop.status == "ok":
             out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
         elif base.status == "ok" and nop.status == "oom":
             rate = f", {base.tokens_per_s:.1f} tokens/s" if base.tokens_per_s else ""
             out.append(Finding("DSD315", {"without": "OOM", "with_": human_bytes(b), "kind": kind,
-                                          "kind_zh": _zh(kind), "speed": rate}))
+                                          "speed": rate}))
         elif base.status == "ok" and nop.status == "ok":
             if _lower(n, b):
                 out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
-            what, what_zh = [], []
+            what = []
             if base.tokens_per_s and nop.tokens_per_s and base.tokens_per_s < 0.5 * nop.tokens_per_s:
-                what.append(f"tokens/s drops from {nop.tokens_per_s:.1f} to {base.tokens_per_s:.1f}")
-                what_zh.append(f"tokens/s 从 {nop.tokens_per_s:.1f} 降到 {base.tokens_per_s:.1f}")
+                what.append(Phrase("slower", {"before": nop.tokens_per_s, "after": base.tokens_per_s}))
             if gpu and _lower(nop.peak_host_bytes, (base.peak_host_bytes or 0) / 1.5 / (1 - NOISE)):
-                what.append(f"host memory grows from {human_bytes(nop.peak_host_bytes)} to "
-                            f"{human_bytes(base.peak_host_bytes)}")
-                what_zh.append(f"主机内存从 {human_bytes(nop.peak_host_bytes)} 涨到 {human_bytes(base.peak_host_bytes)}")
+                what.append(Phrase("host-grows", {"before": human_bytes(nop.peak_host_bytes),
+                                                  "after": human_bytes(base.peak_host_bytes)}))
             if what:
-                out.append(Finding("DSD312", {"what": " and ".join(what), "what_zh": "，".join(what_zh)}))
+                both = what[0] if len(what) == 1 else Phrase("both", {"a": what[0], "b": what[1]})
+                out.append(Finding("DSD312", {"what": both}))
     if base and split:
         b, s = _metric(base, gpu), _metric(split, gpu)
         speed = ""
         if base.tokens_per_s and split.tokens_per_s:
             speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
         if base.status == "oom" and split.status == "ok":
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": "OOM",
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and _lower(s, b):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "kind_zh": _zh(kind), "before": human_bytes(b),
+            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
                                           "after": human_bytes(s), "speed": speed}))
         elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
                                                                                 base.peak_host_bytes):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": "host", "kind_zh": "主机", "before":
+            out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
     if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315") for f in out):

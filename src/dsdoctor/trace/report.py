@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from dsdoctor.findings import RULES, Finding, all_rules, sort_findings
+from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
-from dsdoctor.report.render import findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
@@ -151,7 +151,7 @@ class TraceResult:
         rows = list(self._phase_rows())
         if rows:
             out += ["\n", text_table(ph, rows)]
-        out += ["\n", findings_text(self.findings, lang, style) if style else findings_text(self.findings, lang, _ascii())]
+        out += ["\n", findings_text(self.findings, lang, style or Style())]
         if self.out_dir:
             out.append(f"{_t('files', lang)}: {self.out_dir}/report.json, report.md, timeline.html\n")
         return "".join(out)
@@ -168,12 +168,6 @@ class TraceResult:
             if r.timeline_png:
                 out.append(f"\n![rank {r.rank} memory timeline]({r.timeline_png})\n")
         return "".join(out)
-
-
-def _ascii():
-    from dsdoctor.report.render import ASCII
-
-    return ASCII
 
 
 def _fmt(v):
@@ -380,34 +374,28 @@ def settle_timeout(ranks: list[RankSummary]) -> None:
 
 # ------------------------------------------------------------------ findings
 
-def _config_rules_loaded() -> None:
-    all_rules()  # imports dsdoctor.config.rules when it exists (DSD101, DSD103)
-
-
 def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: str, returncode, timeout,
                    log: str | None, output_tail: str, timed_out: bool = False) -> list[Finding]:
-    _config_rules_loaded()
     out: list[Finding] = []
     if not records:
         out.append(Finding("DSD309", {}))
 
     built = [r for r in ranks if r.optimizer]
-    if built and "DSD101" in RULES:
+    if built:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
         if r0.optimizer_state_bytes:
-            cost = f"{human_bytes(r0.optimizer_state_bytes)} per rank, measured at initialize"
-            cost_zh = f"每个 rank {human_bytes(r0.optimizer_state_bytes)}（在 initialize 时实测）"
+            cost = Phrase("measured", {"amount": human_bytes(r0.optimizer_state_bytes)})
         else:
-            cost, cost_zh = "its fp32 partitions and buckets", "其 fp32 分区和各类 bucket"
+            cost = Phrase("partitions")
         source = (r0.config_passed or {}).get("source")
         config = source if isinstance(source, str) and source.endswith((".json", ".hjson", ".yaml", ".yml")) \
             else "YOUR_DS_CONFIG.json"
-        out.append(Finding("DSD101", {"optimizer": name, "cost": cost, "cost_zh": cost_zh, "config": config,
+        out.append(Finding("DSD101", {"optimizer": name, "cost": cost, "config": config,
                                       "ranks": [r.rank for r in built]}))
 
     tp = [r for r in ranks if r.zero_stage == 3 and (r.tp_size or 1) > 1]
-    if tp and "DSD103" in RULES:
+    if tp:
         rec = next(x for x in records if x.rank == tp[0].rank)
         api = next((p.info.get("api") for p in rec.phases if p.name == "init"), "deepspeed")
         out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}"}))
@@ -452,9 +440,8 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     for r in ranks:
         if r.status == "hang":
             where = f" ({r.where})" if r.where else ""
-            advice, advice_zh = _hang_advice(r, unsynced)
             out.append(Finding("DSD306", {"rank": r.rank, "phase": _at(r.stopped_in), "timeout": _num(timeout),
-                                          "where": where, "advice": advice, "advice_zh": advice_zh}))
+                                          "where": where, "advice": _hang_advice(unsynced)}))
         elif r.status == "oom":
             phase = next((p["label"] for p in r.phases if p.get("error")), "after the last phase")
             out.append(Finding("DSD307", {"rank": r.rank, "phase": phase,
@@ -560,64 +547,40 @@ def _oom_line(text: str) -> str:
     return "out of memory"
 
 
-def _hang_advice(r: RankSummary | None, unsynced: list[int]):
-    if unsynced:
-        return ("pass synced_gpus=True to generate (see DSD301)", "给 generate 传 synced_gpus=True（见 DSD301）")
-    return ("make every rank run the same collectives; the stack in report.json shows where each rank waits",
-            "保证所有 rank 执行相同的集合通信；report.json 中的调用栈显示每个 rank 在哪里等待")
+def _hang_advice(unsynced: list[int]) -> Phrase:
+    return Phrase("synced" if unsynced else "collectives")
 
 
-_PHASE_ADVICE = {
-    "load": ("the weights at load: build the model inside ZeRO-3 (HfDeepSpeedConfig before from_pretrained)",
-             "加载时的权重：在 ZeRO-3 内构建模型（先创建 HfDeepSpeedConfig 再 from_pretrained）"),
-    "init": ("what deepspeed.initialize builds: use an inference-only config (dsdoctor split)",
-             "deepspeed.initialize 构建的东西：使用仅推理配置（dsdoctor split）"),
-    "generate": ("gathered layers, KV cache and activations: smaller batch or shorter generation; "
-                 "dsdoctor ab shows whether offload_param matters",
-                 "收集的层、KV cache 和激活：减小 batch 或缩短生成；dsdoctor ab 可显示 offload_param 是否相关"),
-}
+_PHASE_ADVICE = ("load", "init", "generate")  # phases with their own advice (DSD304's phrases)
 
 
-def _phase_advice(base: str, rec: RankRecord | None) -> tuple[str, str]:
-    """What to do about a peak in phase ``base``, fitted to what this run did."""
+def _phase_advice(base: str, rec: RankRecord | None) -> Phrase:
+    """What to do about a peak in phase ``base``, fitted to what this run did (a DSD304 phrase)."""
     configs = rec.configs if rec else []
     phases = rec.phases if rec else []
+    zero3 = any(c.get("summary", {}).get("stage") == 3 for c in configs)
     if base == "load":
         first_load = next((p.t_start for p in phases if p.name == "load"), None)
         hf_first = any(c.get("api") == "HfDeepSpeedConfig" and c.get("is_zero3") and first_load is not None
                        and c.get("t", 0) <= first_load for c in configs)
         if hf_first:
             api = next((p.info.get("api") or "" for p in phases if p.name == "load"), "")
-            loader = "from_config" if api.endswith("_from_config") else "from_pretrained"
-            return (f"the weights at load, already partitioned as they load (HfDeepSpeedConfig was created before "
-                    f"{loader}): more ranks or offload_param lower each rank's share",
-                    f"加载时的权重，加载时已被分片（HfDeepSpeedConfig 在 {loader} 之前创建）：更多 rank 或 "
-                    "offload_param 可降低每个 rank 的份额")
+            return Phrase("load-partitioned", {"loader": "from_config" if api.endswith("_from_config")
+                                               else "from_pretrained"})
         if any(p.name == "init" and p.info.get("api") == "deepspeed.init_inference" for p in phases):
-            return ("the whole model each rank loads before init_inference: load it in the dtype you run "
-                    "(from_pretrained(..., dtype=torch.bfloat16)) so no wider copy is made",
-                    "init_inference 之前每个 rank 加载的完整模型：按运行时的精度加载"
-                    "（from_pretrained(..., dtype=torch.bfloat16)），避免更宽的副本")
-        if not any(c.get("summary", {}).get("stage") == 3 for c in configs):
-            return ("the weights at load: every rank holds the whole model; plan shows which load path fits",
-                    "加载时的权重：每个 rank 都持有整个模型；plan 可显示哪种加载方式放得下")
-        return _PHASE_ADVICE["load"]
+            return Phrase("load-before-init-inference")
+        return Phrase("load" if zero3 else "load-whole")
     if base == "init":
         init = next((p for p in phases if p.name == "init"), None)
-        api = init.info.get("api") if init else None
-        if api == "deepspeed.init_inference":
-            return ("what deepspeed.init_inference does with the weights (cast to its dtype, sliced for tensor "
-                    "parallelism): pass the dtype the model already has",
-                    "deepspeed.init_inference 对权重做的事（转换精度、按张量并行切分）：传入模型已有的精度")
+        if init is not None and init.info.get("api") == "deepspeed.init_inference":
+            return Phrase("init-inference")
         engine = (init.info.get("engine") if init else None) or {}
         if init is not None and not engine.get("optimizer") and not init.error:
-            return ("what deepspeed.initialize builds (no optimizer was built: the weights and their partitioning)",
-                    "deepspeed.initialize 构建的东西（没有构建优化器：权重及其分片）")
-    if base == "generate" and not any(c.get("summary", {}).get("stage") == 3 for c in configs):
-        return ("the KV cache and activations of generate: a smaller batch or shorter generation lowers it",
-                "generate 的 KV cache 和激活：减小 batch 或缩短生成可以降低它")
-    return _PHASE_ADVICE.get(base, ("something the script does outside the observed calls",
-                                    "脚本在被观察调用之外做的事情"))
+            return Phrase("init-no-optimizer")
+        return Phrase("init")
+    if base == "generate" and not zero3:
+        return Phrase("generate-plain")
+    return Phrase(base if base in _PHASE_ADVICE else "other")
 
 
 def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = None) -> Finding | None:
@@ -632,11 +595,9 @@ def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = N
     phase = top.peak_phase
     base = phase.split("#")[0].split()[-1]  # "before load#1" -> load
     rec = next((x for x in records or [] if x.rank == top.rank), None)
-    advice = _phase_advice(base, rec) if base in _PHASE_ADVICE else \
-        ("something the script does outside the observed calls", "脚本在被观察调用之外做的事情")
-    return Finding("DSD304", {"kind": "GPU" if gpu else "host", "kind_zh": "GPU " if gpu else "主机", "peak": human_bytes(getattr(top, key)),
-                              "rank": top.rank, "phase": phase, "advice": f"the peak is {advice[0]}",
-                              "advice_zh": f"峰值来自{advice[1]}"})
+    part = _phase_advice(base, rec) if base in _PHASE_ADVICE else Phrase("other")
+    return Finding("DSD304", {"kind": Phrase("gpu" if gpu else "host"), "peak": human_bytes(getattr(top, key)),
+                              "rank": top.rank, "phase": phase, "advice": Phrase("peak-is", {"part": part})})
 
 
 def run_status(ranks: list[RankSummary], returncode, timed_out: bool, output_tail: str) -> str:

@@ -7,7 +7,6 @@ untouched. Torch-free.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 
 from dsdoctor.errors import InputError
@@ -19,9 +18,6 @@ DEFAULT_VARIANTS = ("as-is", "no-offload-param", "split")
 class Variant:
     name: str
     description: str
-
-    def to_env(self) -> str:
-        return json.dumps({"name": self.name})
 
 
 def _zero(cfg: dict) -> dict:

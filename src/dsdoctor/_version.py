@@ -1,0 +1,2 @@
+"""The package version, in a module of its own so that importing it loads nothing else."""
+__version__ = "0.1.0"

@@ -1,0 +1,81 @@
+"""The pieces a merge plan is made of, shared by ``plan.py`` and the ZeRO-3 / ZeRO-1/2 rebuild rules
+(``zero3.py``, ``zero12.py``), which ``plan.build_plan`` dispatches to."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dsdoctor.checkpoint.layout import Layout
+from dsdoctor.checkpoint.unpickle import TensorRef
+from dsdoctor.errors import InputError
+
+
+@dataclass(frozen=True)
+class Piece:
+    ref: TensorRef
+    start: int  # element index into ref (flattened)
+    count: int
+
+
+@dataclass
+class TensorPlan:
+    name: str
+    shape: tuple
+    dtype: str  # source dtype of the pieces (all pieces share it)
+    pieces: list[Piece]
+    kind: str  # trainable | frozen | buffer
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class MergePlan:
+    stage: int
+    world_size: int
+    tensors: list[TensorPlan]  # in DeepSpeed's order: buffers, frozen, trainable
+    aliases: dict[str, str] = field(default_factory=dict)  # shared (tied) name -> name that holds the data
+    ds_version: str | None = None
+
+
+@dataclass
+class States:
+    layout: Layout
+    model: list[dict]
+    optim: list[dict]  # optimizer_state_dict of each rank
+
+
+def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:
+    """Pieces covering elements [start, start+count) of the virtual concatenation of ``chunks``."""
+    pieces, base = [], 0
+    end = start + count
+    for ref in chunks:
+        n = ref.numel
+        lo, hi = max(start, base), min(end, base + n)
+        if lo < hi:
+            pieces.append(Piece(ref, lo - base, hi - lo))
+        base += n
+        if base >= end:
+            break
+    if sum(p.count for p in pieces) != count:
+        raise InputError(f"partition ends early: wanted elements {start}..{end} of {base}",
+                         path=chunks[0].path if chunks else None)
+    return pieces
+
+
+def shape_of(shape, path) -> tuple:
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise InputError(f"invalid parameter shape {shape!r}", path=path)
+    return tuple(shape)
+
+
+def flat_groups(states: States, key: str, kind: str) -> list[list[TensorRef]]:
+    """Each rank's flat fp32 partitions (``key`` of its optim-states file), or an error naming the file."""
+    out = []
+    for p, osd in zip(states.layout.optim_files, states.optim):
+        flat = osd.get(key)
+        if not isinstance(flat, list) or not all(isinstance(t, TensorRef) for t in flat):
+            raise InputError(f"no {key} in a {kind} optim-states file", path=p)
+        out.append(flat)
+    return out
