@@ -35,7 +35,8 @@ clean:
 # ---- GPU benchmarks (numbers in BENCHMARKS.md; each bench/<name>/README.md says what it measures) ----------
 # Here (a machine with pip access):   make gpu-wheels       DeepSpeed 0.19.8 + its pure-Python needs as wheels in .whl/
 # On the GPU machine, .whl/ carried over, one line per bench (OUT: where the raw outputs go):
-#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare, gpu-bench-config)
+#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-loading, gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare,
+#                                      gpu-bench-config, gpu-bench-rlloop [GPUS=1|2])
 # The GPU machine's image has torch, transformers, accelerate and safetensors; the wheels go to $(GPU_SITE).
 WHL ?= .whl
 GPU_SITE ?= /tmp/site
@@ -43,7 +44,10 @@ OUT ?= out
 GPU_ENV := PYTHONPATH=$(GPU_SITE):$(CURDIR)/src
 WHEEL_PY ?= 3.12
 
-.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare gpu-bench-config
+GPUS ?= 1
+
+.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-loading gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare \
+	gpu-bench-config gpu-bench-rlloop
 
 gpu-wheels:
 	mkdir -p $(WHL) $(WHL)/.src
@@ -61,6 +65,10 @@ gpu-site:
 gpu-bench-plan: gpu-site
 	$(GPU_ENV) python3 bench/plan/run.py $(OUT)/plan --budget-s 330
 
+gpu-bench-loading: gpu-site
+	mkdir -p $(OUT)
+	$(GPU_ENV) python3 bench/plan/loading_gpu.py /tmp/dsd-loading > $(OUT)/loading.jsonl
+
 gpu-bench-trace: gpu-site
 	$(GPU_ENV) python3 bench/trace/run_gpu.py $(OUT)/trace --budget 420
 
@@ -72,3 +80,6 @@ gpu-bench-compare: gpu-site
 
 gpu-bench-config: gpu-site
 	$(GPU_ENV) python3 bench/config/run.py $(OUT)/config --gpus 2 --timeout 160
+
+gpu-bench-rlloop: gpu-site
+	$(GPU_ENV) python3 -m torch.distributed.run --nproc_per_node $(GPUS) bench/rlloop/run_gpu.py --out $(OUT)/rlloop-$(GPUS)gpu

@@ -158,7 +158,8 @@ def test_missing_and_extra_rank_files(tmp_path):
     ckpt = copy_checkpoint(zero_checkpoints() / "w3" / "zero3", tmp_path / "ckpt")
     tag = _tag(ckpt)
     (tag / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    assert "missing optim-states files for rank(s) 1" in _fails(ckpt, tmp_path / "out")
+    err = _fails(ckpt, tmp_path / "out")
+    assert "missing optim-states file(s) bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt for rank(s) 1" in err
 
     ckpt2 = copy_checkpoint(zero_checkpoints() / "w2" / "zero3", tmp_path / "ckpt2")
     tag2 = _tag(ckpt2)

@@ -69,7 +69,8 @@ def test_library_call_same_weights_in_two_directories_match(models, tmp_path):
     assert result.runs[0].versions["torch"] and result.runs[0].device in ("cpu", "cuda")
     saved = json.loads((out / "report.json").read_text())
     assert saved["status"] == "match" and saved["prompts"] == [[5, 6, 7], [40, 41, 42, 43]]
-    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.zh.md", "A.json", "B.json"}
+    assert {p.name for p in out.iterdir()} == {"report.json", "report.md", "report.zh.md", "A.json", "B.json",
+                                               ".dsdoctor-output"}
     assert len(json.loads((out / "A.json").read_text())["prompts"][1]["steps"]) == 6
 
 

@@ -64,7 +64,11 @@ def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path)
 def test_diagnose_rejects_a_bad_workload_before_running_the_command(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps(ZERO3))
-    model = write_model_config(tmp_path / "m")  # max_position_embeddings 128
+    # learned absolute positions (GPT-2): nothing runs past the table (a RoPE model is planned with DSD210)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2,
+                                                   "n_positions": 128, "vocab_size": 256}))
     marker = tmp_path / "ran"
     proc = run_cli("diagnose", "--config", cfg, "--model", model, "--out", tmp_path / "d", "--prompt-len", "4096",
                    "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")

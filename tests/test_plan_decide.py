@@ -58,8 +58,10 @@ def test_70b_on_one_80gb_gpu_needs_offload(llama70):
 def test_70b_on_four_80gb_gpus_is_tp(llama70):
     r = _plan(llama70, 4)
     assert r.path("tp").fits and r.path("zero3").fits
-    assert r.recommended.path == "tp"
-    assert 'tensor_parallel={"tp_size": 4}' in r.recommended.code
+    # two groups of tp 2 serve two batches at once: more tokens/s for the machine than tp over 4
+    chosen = r.path(r.recommended.path)
+    assert chosen.tp is not None and chosen.fits
+    assert f'tensor_parallel={{"tp_size": {chosen.tp}}}' in r.recommended.code
 
 
 def test_exact_counts_agree_with_formula_for_llama():
@@ -191,8 +193,8 @@ def test_plan_takes_an_already_loaded_config(llama70):
     assert loaded.effective("deepspeed") is eff  # read once, shared
 
 
-@pytest.mark.parametrize("kw,match", [({"batch": 0}, "batch"), ({"dtype": "int4"}, "dtype"),
-                                      ({"prompt_len": 9000}, "max_position_embeddings")])
+# past max_position_embeddings is refused only for learned position tables (test_plan_paths.py)
+@pytest.mark.parametrize("kw,match", [({"batch": 0}, "batch"), ({"dtype": "int4"}, "dtype")])
 def test_bad_workload_is_input_error(kw, match):
     args = dict(batch=1, prompt_len=512, new_tokens=16)
     args.update(kw)
@@ -202,8 +204,9 @@ def test_bad_workload_is_input_error(kw, match):
 
 def test_every_path_reports_what_fits():
     r = _plan(LLAMA_7B, 2)
-    assert [p.name for p in r.paths] == list(PATHS)
-    for p in r.paths:
+    measured = [p for p in r.paths if not p.estimate]  # estimate paths (device-map, quantized) search no limits
+    assert [p.name for p in measured] == list(PATHS)
+    for p in measured:
         assert p.max_batch and p.max_batch >= 1 and p.max_prompt_len and p.max_prompt_len >= 1024
         wider = plan(LLAMA_7B, batch=p.max_batch + 1, prompt_len=1024, new_tokens=128, gpus=2, gpu_memory="80GB",
                      host_memory="1TiB", detect=False, counts="formula").path(p.name)

@@ -81,12 +81,12 @@ def copy_baseline(files: list[Path], directory: Path) -> dict:
     return {"bytes": size, "seconds": seconds, "MBps": size / seconds / 1e6, "cold_cache": cold}
 
 
-def run_tool(name: str, cmd: list[str], out: Path) -> dict:
+def run_tool(name: str, cmd: list[str], out: Path, env: dict | None = None) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cold = drop_caches()
     load_before = os.getloadavg()
     print(f"[bench] {name}: {' '.join(cmd)}", flush=True)
-    res = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True, check=True)
+    res = subprocess.run([sys.executable, "-c", MEASURE, *cmd], capture_output=True, text=True, check=True, env=env)
     rc, wall, rss = res.stdout.split()
     sync_s = timed_sync()
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
@@ -127,6 +127,10 @@ def main():
     ap.add_argument("--work", default=None, help="where outputs go (default: next to the checkpoint)")
     ap.add_argument("--out", default=str(ROOT / "bench/checkpoint/results.json"))
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the two tools (default 3)")
+    ap.add_argument("--before", help="a src/ folder of an earlier dsdoctor: its merge joins the interleaved rounds "
+                                     "as 'dsdoctor merge (before)', and the summary gives after/before per round")
+    ap.add_argument("--no-zero-to-fp32", action="store_true", help="leave DeepSpeed's tool out (with --before: "
+                                                                   "compare the two dsdoctor versions only)")
     args = ap.parse_args()
     ckpt = Path(args.ckpt)
     work = Path(args.work or ckpt.parent)
@@ -149,12 +153,45 @@ def main():
         "zero_to_fp32": (env_py + ["-m", "deepspeed.utils.zero_to_fp32", str(ckpt), str(ref_out),
                                    "--safe_serialization"], ref_out),
     }
+    envs = {name: None for name in tools}
+    if args.before:
+        before_out = work / "out-dsdoctor-before"
+        tools["dsdoctor merge (before)"] = (env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(before_out), "--quiet",
+                                                      "--model", str(ckpt / "model")], before_out)
+        envs["dsdoctor merge (before)"] = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve()))
+        envs["dsdoctor merge"] = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    if args.no_zero_to_fp32:
+        del tools["zero_to_fp32"]
     runs = []
     for i in range(args.repeat):  # interleaved, alternating order, so load changes hit both tools alike
         order = list(tools) if i % 2 == 0 else list(reversed(tools))
         for name in order:
             cmd, out = tools[name]
-            runs.append(dict(run_tool(name, cmd, out), round=i))
+            runs.append(dict(run_tool(name, cmd, out, envs.get(name)), round=i))
+    if args.before:
+        same_before = compare_outputs(ours_out, before_out)
+        shutil.rmtree(before_out, ignore_errors=True)
+        pairs = [(a, b) for a in runs for b in runs if a["round"] == b["round"] and a["tool"] == "dsdoctor merge"
+                 and b["tool"] == "dsdoctor merge (before)"]
+        ratios = [a["durable_s"] / b["durable_s"] for a, b in pairs]
+        summary = {"rounds": args.repeat, "after_over_before_per_round": ratios,
+                   "after_over_before_median": statistics.median(ratios),
+                   "after_durable_s": [a["durable_s"] for a, _ in pairs],
+                   "before_durable_s": [b["durable_s"] for _, b in pairs],
+                   "after_peak_rss_bytes": [a["peak_rss_bytes"] for a, _ in pairs],
+                   "before_peak_rss_bytes": [b["peak_rss_bytes"] for _, b in pairs],
+                   "identical_tensors": not same_before["different"] and same_before["common"] > 0
+                   and not same_before["only_dsdoctor"] and not same_before["only_zero_to_fp32"]}
+        if args.no_zero_to_fp32:
+            shutil.rmtree(ours_out, ignore_errors=True)
+            result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                                  "python": platform.python_version(),
+                                  "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},
+                      "checkpoint": {"path": str(ckpt), "parameters": params, "bytes": ckpt_bytes},
+                      "disk": disk, "runs": runs, "comparison": same_before, "summary": summary}
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(summary), flush=True)
+            return
     same = compare_outputs(ours_out, ref_out)
     bf16 = run_tool("dsdoctor merge --dtype bf16", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(bf16_out),
                                                              "--quiet", "--dtype", "bf16"], bf16_out)

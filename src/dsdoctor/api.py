@@ -9,10 +9,11 @@ so ``check``/``split``/``explain`` never load torch or deepspeed.
 from __future__ import annotations
 
 
-def check(config, mode="inference", model=None, gpus=None, tp=None):
-    """What a DeepSpeed config (path or dict) really does at inference, and its findings."""
+def check(config, mode=None, model=None, gpus=None, tp=None, versions=None, gpu_name=None, runner=None):
+    """What a DeepSpeed config (path or dict) really does for what runs it (runner, mode), and its findings.
+    ``versions``: {"deepspeed": "0.15.0", ...} instead of the installed ones; ``gpu_name``: "A100", "V100"."""
     from dsdoctor.config.check import check as run
-    return run(config, mode=mode, model=model, gpus=gpus, tp=tp)
+    return run(config, mode=mode, model=model, gpus=gpus, tp=tp, versions=versions, gpu_name=gpu_name, runner=runner)
 
 
 def split(config, out, model=None, keep_auto=False, force=False):
@@ -37,6 +38,12 @@ def trace(command, out=None, timeout=None, **kwargs):
     """Run ``command`` (a list of strings) with the observer in every rank; the per-rank report."""
     from dsdoctor.trace.api import trace as run
     return run(command, out=out, timeout=timeout, **kwargs)
+
+
+def trace_report(out, **kwargs):
+    """Rebuild the whole report of a multi-node trace from ``out``/node-K/ (``dsdoctor trace --report-only``)."""
+    from dsdoctor.trace.api import report_only as run
+    return run(out, **kwargs)
 
 
 def ab(command, variants=None, out=None, timeout=None, **kwargs):

@@ -497,7 +497,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
 
     # read once: check, plan and split share it (and its effective readings); a captured one is read below
     loaded = load_config(config) if config is not None else None
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         if model is not None and command:
             # plan before running anything: bad workload flags must fail before the user's command has run
             from dsdoctor.plan.api import plan

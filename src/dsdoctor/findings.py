@@ -77,8 +77,10 @@ RULES: dict[str, Rule] = {}
 # Modules whose import registers rules. Torch-free by contract.
 RULE_MODULES = (
     "dsdoctor.config.rules",
+    "dsdoctor.config.rules_configs",
     "dsdoctor.plan.rules",
     "dsdoctor.trace.rules",
+    "dsdoctor.trace.rules_init",
     "dsdoctor.checkpoint.rules",
     "dsdoctor.compare.rules",
 )

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
+from dsdoctor.fsutil import printable, read_regular_bytes
+
+LATEST_MAX_BYTES = 4096  # `latest` holds one tag name
 
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -50,18 +53,40 @@ def find_tag_dir(ckpt_dir, tag: str | None = None) -> tuple[Path, str, Path]:
         return root, root.name, root  # given the tag directory itself
     tags = list_tags(root)
     found = f"tags found: {', '.join(tags)}" if tags else "no tag directories with *_model_states.pt found"
+    source = "--tag"
     if tag is None:
         latest = root / "latest"
-        if not latest.is_file():
+        if not latest.exists() and not latest.is_symlink():
             raise InputError("no `latest` file naming the checkpoint tag", path=root,
                              hint=f"{found}; pass --tag TAG" if tags else found)
-        tag = latest.read_text(encoding="utf-8", errors="replace").strip()
+        tag = read_regular_bytes(latest, LATEST_MAX_BYTES, "`latest` file").decode("utf-8", "replace").strip()
         if not tag:
             raise InputError("`latest` is empty", path=latest, hint=found)
-    tag_dir = root / tag
+        source = "`latest`"
+    tag_dir = _inside(root, tag, source)
     if not tag_dir.is_dir():
-        raise InputError(f"tag {tag!r} has no directory", path=tag_dir, hint=found)
+        raise InputError(f"tag {printable(repr(tag))} has no directory", path=root, hint=found)
     return root, tag, tag_dir
+
+
+def _inside(root: Path, tag: str, source: str) -> Path:
+    """The tag's directory, which must be a folder inside the checkpoint folder: a tag is a name, never a path
+    out of it (an absolute path, `..`, or a symbolic link elsewhere would merge another checkpoint and pair it
+    with this folder's config.json)."""
+    shown = printable(repr(tag))
+    if "\x00" in tag or Path(tag).is_absolute() or ".." in Path(tag).parts:
+        raise InputError(f"{source} names tag {shown}, which is not a name inside the checkpoint folder", path=root,
+                         hint="a tag is a folder name such as global_step500")
+    tag_dir = root / tag
+    real_root = root.resolve()
+    try:
+        real = tag_dir.resolve()
+    except (OSError, RuntimeError):
+        real = None
+    if real is None or real == real_root or real_root not in real.parents:
+        raise InputError(f"{source} names tag {shown}, which leads out of the checkpoint folder "
+                         f"(to {printable(real)})", path=root, hint="a tag is a folder inside the checkpoint folder")
+    return tag_dir
 
 
 def _by_rank(files: dict[tuple[int, int], Path], what: str, tag_dir: Path) -> tuple[int, list[Path]]:
@@ -79,10 +104,19 @@ def _by_rank(files: dict[tuple[int, int], Path], what: str, tag_dir: Path) -> tu
     want = list(range(len(ranks)))
     if ranks != want:
         missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
-        raise InputError(f"missing {what} files for rank(s) {', '.join(map(str, missing))} "
-                         f"(found ranks {', '.join(map(str, ranks))})", path=tag_dir,
+        raise InputError(f"missing {what} file(s) {missing_names(list(files.values()), missing)} for rank(s) "
+                         f"{', '.join(map(str, missing))} (found ranks {', '.join(map(str, ranks))})", path=tag_dir,
                          hint="a rank failed to save, or the files were copied incompletely")
     return mp_ranks[0], [files[(r, mp_ranks[0])] for r in ranks]
+
+
+def missing_names(present: list[Path], missing_ranks: list[int], limit: int = 4) -> str:
+    """The file names the missing ranks would have, from a present file's name (e.g.
+    zero_pp_rank_1_mp_rank_00_optim_states.pt)."""
+    template = sorted(p.name for p in present)[0]
+    names = [re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{r}_", template, count=1) for r in missing_ranks[:limit]]
+    more = f", ... ({len(missing_ranks) - limit} more)" if len(missing_ranks) > limit else ""
+    return ", ".join(names) + more
 
 
 def find_layout(ckpt_dir, tag: str | None = None) -> Layout:

@@ -8,7 +8,9 @@ nothing that looks complete.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,8 +21,8 @@ from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import build_plan, read_states
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
 from dsdoctor.errors import InputError
-from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.fsutil import atomic_output_dir, refuse_overwrite
+from dsdoctor.findings import Finding, Phrase, sort_findings
+from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
 from dsdoctor.report.render import (
     Style,
     findings_markdown,
@@ -36,6 +38,7 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "vocab.txt",
                "merges.txt", "chat_template.json", "chat_template.jinja", "preprocessor_config.json")
 DISK_MARGIN = 64 * 1024 * 1024
+CONFIG_MAX_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -125,12 +128,42 @@ def _read_config(d: Path | None) -> dict:
     if d is None:
         return {}
     try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read config.json: {exc}", path=d / "config.json") from None
+        cfg = json.loads(read_regular_bytes(d / "config.json", CONFIG_MAX_BYTES, "config.json").decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"cannot read config.json: {printable(exc)}", path=d / "config.json") from None
     if not isinstance(cfg, dict):
         raise InputError("config.json is not a JSON object", path=d / "config.json")
     return cfg
+
+
+def model_file_problem(src: Path, folder: Path) -> Phrase | None:
+    """Why ``src`` must not be copied into the output (None: copy it). Only regular files inside the model
+    folder are copied: a checkpoint folder is untrusted, and a ``tokenizer.json`` linked to ``/etc/shadow``
+    would otherwise land in a folder that is then shared. One kind of link out is allowed: the Hugging Face
+    cache's, from ``snapshots/REV/NAME`` to ``blobs/HASH`` of the same model repository."""
+    try:
+        st = os.stat(src)
+    except OSError as exc:
+        return Phrase("unreadable", {"error": exc.strerror})
+    if not stat.S_ISREG(st.st_mode):
+        return Phrase("not_regular")
+    if not src.is_symlink():
+        return None
+    real, home = src.resolve(), folder.resolve()
+    if home in real.parents:
+        return None
+    if home.parent.name == "snapshots" and (home.parent.parent / "blobs") in real.parents:
+        return None
+    return Phrase("link_out", {"folder": printable(folder), "target": printable(real)})
+
+
+def _copy_model_file(src: Path, dst: Path) -> None:
+    fd = open_regular(src, src.name)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fin, open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout, 16 * 2**20)
+    finally:
+        os.close(fd)
 
 
 def _ties_embeddings(cfg: dict) -> bool:
@@ -162,14 +195,13 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     if max_bytes <= 0:
         raise InputError("--max-shard-size must be positive")
     out = Path(out_dir)
-    refuse_overwrite(out, force)
-
     layout = find_layout(ckpt_dir, tag)
-    if out.resolve() == layout.tag_dir.resolve() or out.resolve() == layout.root.resolve():
-        raise InputError("output directory is the checkpoint itself", path=out)
-    plan = build_plan(read_states(layout))
     cfg_dir, searched = _config_dir(model, layout.root)
-    cfg = _read_config(cfg_dir)
+    inputs = [layout.root, layout.tag_dir, cfg_dir, *layout.optim_files, *layout.model_files]
+    check_output_path(out, force, inputs)
+    plan = build_plan(read_states(layout))
+    # a config.json that is a link out of its folder is neither read nor copied (DSD415 below says so)
+    cfg = {} if cfg_dir is None or model_file_problem(cfg_dir / "config.json", cfg_dir) else _read_config(cfg_dir)
 
     findings: list[Finding] = []
     tensors = [OutTensor(t.name, t, output_dtype(t, out_dtype)) for t in plan.tensors]
@@ -183,30 +215,52 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         findings.append(Finding("DSD412", {"count": len(from_module), "names": ", ".join(from_module[:5])
                                            + (f", ... ({len(from_module) - 5} more)" if len(from_module) > 5 else "")}))
     total = sum(t.nbytes for t in tensors)
+    to_copy = []
+    if cfg_dir is not None:
+        for name in MODEL_FILES:
+            src = cfg_dir / name
+            if not src.exists() and not src.is_symlink():
+                continue
+            problem = model_file_problem(src, cfg_dir)
+            if problem:
+                findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
+            else:
+                to_copy.append(src)
+                total += src.stat().st_size
+    no_crc = sorted({str(p.ref.path) for t in plan.tensors for p in t.pieces if p.ref.record_crc is None})
+    if no_crc:
+        findings.append(Finding("DSD416", {"count": len(no_crc), "files": ", ".join(Path(f).name for f in no_crc[:3])
+                                           + (f", ... ({len(no_crc) - 3} more)" if len(no_crc) > 3 else "")}))
 
     parent = out.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output's folder: {exc.strerror}", path=parent) from None
     free = shutil.disk_usage(parent).free
     if free < total + DISK_MARGIN:
         raise InputError(f"not enough free disk space: the merge writes {human_bytes(total)}, "
                          f"{human_bytes(free)} free", path=parent)
 
+    def stale_found(stale):
+        from dsdoctor.units import human_bytes
+
+        for p, size in stale:
+            findings.append(Finding("DSD414", {"path": printable(p), "size": human_bytes(size)}))
+
     bar = _progress(total, progress)
     copied: list[str] = []
     try:
-        with atomic_output_dir(out, force=force) as tmp:
+        with atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
             metadata = {"format": "pt", "dsdoctor": {
                 "source": str(layout.tag_dir), "zero_stage": plan.stage, "world_size": plan.world_size,
                 "dtype": out_dtype, "tied_weights": plan.aliases, "tied_stored_once": stored_once and bool(plan.aliases),
             }}
             shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
                                            on_bytes=(bar.update if bar is not None else lambda n: None))
-            if cfg_dir is not None:
-                for name in MODEL_FILES:
-                    src = cfg_dir / name
-                    if src.is_file():
-                        shutil.copyfile(src, tmp / name)
-                        copied.append(name)
+            for src in to_copy:
+                _copy_model_file(src, tmp / src.name)
+                copied.append(src.name)
     finally:
         if bar is not None:
             bar.close()

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.checkpoint.layout import Layout
-from dsdoctor.checkpoint.unpickle import TensorRef
+from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.errors import InputError
 
 
@@ -65,8 +65,9 @@ def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:
 
 
 def shape_of(shape, path) -> tuple:
-    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InputError(f"invalid parameter shape {shape!r}", path=path)
+    if not isinstance(shape, (tuple, list)) or len(shape) > 16 or \
+            not all(isinstance(d, int) and 0 <= d < 2**48 for d in shape):
+        raise InputError(f"invalid parameter shape {short_repr(shape)}", path=path)
     return tuple(shape)
 
 

@@ -6,12 +6,13 @@ rebuild rule. Nothing here reads tensor data except buffers and frozen fragments
 from __future__ import annotations
 
 from dsdoctor.checkpoint import unpickle
-from dsdoctor.checkpoint.layout import Layout
+from dsdoctor.checkpoint.layout import Layout, missing_names
 from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
-from dsdoctor.checkpoint.unpickle import TensorRef
+from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.checkpoint.zero3 import plan_zero3
 from dsdoctor.checkpoint.zero12 import plan_zero12
 from dsdoctor.errors import InputError
+from dsdoctor.fsutil import printable
 
 
 def read_states(layout: Layout) -> States:
@@ -38,8 +39,8 @@ def check_world_size(states: States) -> int:
     for p, osd in zip(states.layout.optim_files, states.optim):
         pc = osd.get("partition_count")
         pc = max(pc) if isinstance(pc, (list, tuple)) else pc
-        if not isinstance(pc, int) or pc < 1:
-            raise InputError(f"invalid partition_count {pc!r}", path=p)
+        if not isinstance(pc, int) or isinstance(pc, bool) or not 1 <= pc <= 1_000_000:
+            raise InputError(f"invalid partition_count {short_repr(pc)}", path=p)
         sizes.append((p, pc))
     distinct = sorted({pc for _, pc in sizes})
     if len(distinct) > 1:
@@ -50,8 +51,11 @@ def check_world_size(states: States) -> int:
     have = len(states.layout.optim_files)
     if world != have:
         kind = "missing" if have < world else "extra"
+        named = ""
+        if have < world:
+            named = f" ({missing_names(states.layout.optim_files, list(range(have, world)))} not found)"
         raise InputError(f"{kind} rank files: saved by {world} ranks (partition_count) but {have} "
-                         "optim-states files are present", path=states.layout.tag_dir,
+                         f"optim-states files are present{named}", path=states.layout.tag_dir,
                          hint="a rank failed to save or files from another run were copied in")
     stages = {int(osd["zero_stage"]) for osd in states.optim}
     if len(stages) > 1:
@@ -68,14 +72,25 @@ def build_plan(states: States) -> MergePlan:
         planner = plan_zero12
     else:
         raise InputError(f"unsupported zero_stage {stage}", path=states.layout.optim_files[0])
-    tensors = buffers(states) + planner(states, world)
+    try:
+        tensors = buffers(states) + planner(states, world)
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+        # a crafted or damaged file whose fields have the wrong types (a dict where a list belongs...)
+        raise InputError(f"malformed checkpoint: {type(exc).__name__}: {printable(exc)[:200]}",
+                         path=states.layout.tag_dir) from None
     names = [t.name for t in tensors]
+    bad = [n for n in names if not isinstance(n, str) or not n or len(n) > 1024]
+    if bad:
+        raise InputError(f"malformed checkpoint: a parameter name is {short_repr(bad[0])}, not a string",
+                         path=states.layout.model_files[0])
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"a parameter appears twice: {', '.join(dup[:5])}", path=states.layout.model_files[0])
     shared = states.model[0].get("shared_params") or {}
     have = set(names)
-    aliases = {alias: src for alias, src in shared.items() if src in have and alias not in have}
+    shared = shared if isinstance(shared, dict) else {}
+    aliases = {alias: src for alias, src in shared.items()
+               if isinstance(alias, str) and isinstance(src, str) and src in have and alias not in have}
     return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases,
                      ds_version=states.model[0].get("ds_version"))
 

@@ -305,3 +305,118 @@ rule(
         ),
     ),
 )
+
+rule(
+    "DSD413", "implausible-weight-values", "error",
+    message={"en": "{count} weight(s) hold values no trained model has (largest |x| {largest} in {worst}, limit "
+                   "{limit}): {names}",
+             "zh": "{count} 个权重含有训练过的模型不会有的值(最大 |x| {largest},在 {worst},上限 {limit}): {names}"},
+    fix={"en": "treat the file as corrupt: merge again from the checkpoint (dsdoctor merge checks every CRC-32) or "
+               "copy it again from where it was saved",
+         "zh": "把文件当作已损坏:从检查点重新合并(dsdoctor merge 会校验每个 CRC-32),或从保存处重新复制"},
+    explanation=explanation(
+        en=("Reads every floating parameter (not buffers, which may hold mask constants such as -1e4 or "
+                   "the dtype's minimum) one chunk at a time and flags those whose largest magnitude exceeds "
+                   "1e4.",
+                   "Trained transformer weights stay orders of magnitude below 1e4: they are trained and run in "
+                   "16-bit formats whose matmuls overflow long before (fp16 ends at 65504, and a row of 4096 "
+                   "weights of 1e4 times unit activations is 4e7), and weight decay pulls them toward 0; the "
+                   "largest outliers reported for public LLMs are in the tens to hundreds. Damaged bytes, on "
+                   "the other hand, read as floats land above 1e4 for almost half of all bit patterns: 64 "
+                   "flipped bytes in a shard made an embedding value of 2.97e38. Such a file loads without "
+                   "an error and the model's outputs are garbage or NaN.",
+                   "A shard copied over a flaky link: `model.embed_tokens.weight` holds 2.97e38.",
+                   "Merge the weights again from the DeepSpeed checkpoint with `dsdoctor merge` (it checks the "
+                   "CRC-32 of every zip record it reads), or copy the file again; then verify."),
+        zh=("逐块读取每个浮点参数(不含 buffer,它们可能存有 -1e4 或 dtype 最小值之类的掩码常量),"
+                  "标出最大绝对值超过 1e4 的参数。",
+                  "训练过的 Transformer 权重比 1e4 小几个数量级:它们用 16 位格式训练和运行,矩阵乘法早就会溢出"
+                  "(fp16 上限 65504;4096 个 1e4 的权重乘以单位激活就是 4e7),权重衰减也把它们拉向 0;"
+                  "公开大模型中报告的最大离群权重在几十到几百。而损坏的字节当作浮点数读时,将近一半的位模式都超过 1e4:"
+                  "一个分片里被改写的 64 个字节让嵌入中出现了 2.97e38。这样的文件加载时不报错,模型输出却是乱码或 NaN。",
+                  "经由不稳定链路复制的分片: `model.embed_tokens.weight` 中有 2.97e38。",
+                  "用 `dsdoctor merge` 从 DeepSpeed 检查点重新合并(它会校验读到的每个 zip 记录的 CRC-32),"
+                  "或重新复制文件;然后再验证。"),
+    ),
+)
+
+rule(
+    "DSD414", "stale-partial-output", "warning",
+    message={"en": "{path} ({size}) is the partial output of an interrupted dsdoctor run; nothing uses it",
+             "zh": "{path}({size})是一次被中断的 dsdoctor 运行留下的不完整输出;没有任何东西使用它"},
+    fix={"en": "delete it: rm -rf '{path}'",
+         "zh": "删除它: rm -rf '{path}'"},
+    explanation=explanation(
+        en=("When dsdoctor writes an output folder, it lists the hidden `.NAME.XXXXXXXX.partial` and "
+                   "`.NAME.XXXXXXXX.old` folders beside it that carry dsdoctor's marker and that no running "
+                   "dsdoctor holds (it holds the output's lock while writing).",
+                   "dsdoctor builds every output in such a hidden folder and renames it into place at the end; "
+                   "Ctrl-C, SIGTERM, SIGHUP and SIGQUIT remove it, but a run killed with SIGKILL (or by the "
+                   "out-of-memory killer, or a power cut) cannot. A merge's partial folder can hold tens of "
+                   "gigabytes, invisible to `ls`.",
+                   "`kill -9` of `dsdoctor merge ckpt merged/` leaves `.merged.k2j4x9ab.partial`.",
+                   "Delete the folder named in the message. dsdoctor never deletes it itself: only you know "
+                   "whether something else uses it."),
+        zh=("dsdoctor 写输出目录时,会列出旁边带有 dsdoctor 标记、且没有正在运行的 dsdoctor 持有"
+                  "(写入时它持有输出的锁)的隐藏目录 `.NAME.XXXXXXXX.partial` 和 `.NAME.XXXXXXXX.old`。",
+                  "dsdoctor 的每个输出都先在这样的隐藏目录里生成,最后再改名就位;Ctrl-C、SIGTERM、SIGHUP、SIGQUIT "
+                  "会删掉它,但被 SIGKILL(或 OOM killer、断电)杀掉的运行做不到。合并的中间目录可能有几十 GB,`ls` 还看不见。",
+                  "`kill -9` 掉 `dsdoctor merge ckpt merged/` 后留下 `.merged.k2j4x9ab.partial`。",
+                  "删除消息中给出的目录。dsdoctor 自己从不删除它:只有你知道是否还有别的东西在用。"),
+    ),
+)
+
+rule(
+    "DSD415", "unsafe-model-file-skipped", "warning",
+    message={"en": "{file} was not copied into the output: it {problem}",
+             "zh": "{file} 没有复制到输出中:它{problem}"},
+    phrases={"link_out": {"en": "is a symbolic link out of {folder} (to {target})",
+                          "zh": "是指向 {folder} 之外的符号链接(指向 {target})"},
+             "not_regular": {"en": "is not a regular file", "zh": "不是普通文件"},
+             "unreadable": {"en": "cannot be read ({error})", "zh": "无法读取({error})"}},
+    fix={"en": "copy the real file into the model folder (or pass --model with the original model folder) and "
+               "merge again",
+         "zh": "把真实文件复制到模型目录(或用 --model 指向原始模型目录)后重新合并"},
+    explanation=explanation(
+        en=("Before copying config.json and the tokenizer files next to the merged weights, checks that "
+                   "each is a regular file inside the model folder. A symbolic link is followed only when it "
+                   "stays inside the folder, or goes from a Hugging Face cache snapshot to the same "
+                   "repository's blobs.",
+                   "A checkpoint folder is untrusted input. A `tokenizer.json` that links to `/etc/shadow` or "
+                   "`~/.ssh/id_rsa` would be copied into a folder that is then uploaded or shared; a FIFO "
+                   "would block the merge forever.",
+                   "`ckpt/tokenizer.json -> /etc/shadow`.",
+                   "Put the real tokenizer files in the model folder, or point --model at the original model."),
+        zh=("在把 config.json 和分词器文件复制到合并后的权重旁边之前,检查每个文件都是模型目录内的普通文件。"
+                  "符号链接只有留在目录内、或从 Hugging Face 缓存的 snapshot 指向同一仓库的 blobs 时才会被跟随。",
+                  "检查点目录是不可信的输入。指向 `/etc/shadow` 或 `~/.ssh/id_rsa` 的 `tokenizer.json` 会被复制到随后"
+                  "上传或分享的目录中;FIFO 会让合并永远阻塞。",
+                  "`ckpt/tokenizer.json -> /etc/shadow`。",
+                  "把真实的分词器文件放进模型目录,或让 --model 指向原始模型。"),
+    ),
+)
+
+rule(
+    "DSD416", "checkpoint-without-crc", "info",
+    message={"en": "{count} checkpoint file(s) were saved without CRC-32 checksums ({files}): damaged bytes in "
+                   "them cannot be detected",
+             "zh": "{count} 个检查点文件保存时没有 CRC-32 校验和({files}):其中损坏的字节无法被发现"},
+    fix={"en": "run `dsdoctor verify` on the output; save future checkpoints with torch's default "
+               "(torch.serialization.set_crc32_options(True))",
+         "zh": "对输出运行 `dsdoctor verify`;今后保存检查点时使用 torch 的默认设置"
+               "(torch.serialization.set_crc32_options(True))"},
+    explanation=explanation(
+        en=("Reports rank files whose zip records all carry a CRC-32 of 0: torch.save wrote them with "
+                   "`torch.serialization.set_crc32_options(False)`.",
+                   "`dsdoctor merge` checks the CRC-32 of every record it reads, which catches a flipped byte "
+                   "in a shard. Without checksums it can only copy what it finds.",
+                   "A training script that turned CRCs off to save faster.",
+                   "Keep torch's default, and run `dsdoctor verify` on the merged weights (it flags NaN, Inf "
+                   "and implausible values)."),
+        zh=("报告所有 zip 记录的 CRC-32 都为 0 的 rank 文件:它们是在 "
+                  "`torch.serialization.set_crc32_options(False)` 下由 torch.save 写出的。",
+                  "`dsdoctor merge` 会校验读到的每个记录的 CRC-32,能发现分片中被改写的字节;没有校验和时只能照搬。",
+                  "为了保存更快而关闭 CRC 的训练脚本。",
+                  "保持 torch 的默认设置,并对合并后的权重运行 `dsdoctor verify`(它会标出 NaN、Inf 和不合理的值)。"),
+    ),
+)

@@ -5,18 +5,38 @@ rebuild functions and storage classes (mapped to stand-ins), and the few DeepSpe
 (mapped to inert stand-ins, so DeepSpeed need not be installed). Anything else is refused. Tensors become
 ``TensorRef``s: dtype, shape, stride and the byte offset of their data inside the zip file (torch stores
 records uncompressed), so a caller reads exactly the bytes it needs with ``os.pread`` and nothing else.
+
+A checkpoint is untrusted input, so before anything is parsed: the file must be a regular file (not
+``/dev/zero``, not a FIFO); the zip directory's declared size and record count must fit the file and sane
+bounds; ``data.pkl`` must be small and its CRC-32 must match. The pickle's opcodes are then scanned (without
+building anything) into the graph they would build, and refused if that graph, expanded as a tree, is
+larger or deeper than any real checkpoint: memo references let a few hundred bytes describe a structure
+whose naive walk (or hashing, or printing) never ends. Each tensor carries its zip record's offset, size and
+CRC-32, so the merge checks the CRC of every record it reads as it streams (``writer.py``).
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import pickle
+import pickletools
+import reprlib
 import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from dsdoctor.errors import InputError
+from dsdoctor.fsutil import open_regular, printable
+
+PKL_MAX_BYTES = 64 * 2**20  # data.pkl of DeepSpeed rank files: kilobytes to a few MB
+MAX_RECORDS = 250_000  # zip records (one per storage) in one file
+MAX_DIRECTORY_BYTES = 128 * 2**20  # the zip central directory
+MAX_PICKLE_NODES = 5_000_000  # objects the pickle builds
+MAX_TREE_NODES = 20_000_000  # the same, with each shared (memo) reference counted as a copy
+MAX_DEPTH = 100  # nesting; real checkpoints stay under 20
 
 # torch storage class -> (dtype name, item size); dtype names are torch's (torch.<name>)
 STORAGE_DTYPES = {
@@ -50,6 +70,8 @@ class TensorRef:
     shape: tuple
     stride: tuple
     data_offset: int = -1  # byte offset of the storage record in the file (filled after unpickling)
+    record_size: int = -1  # bytes of the whole zip record
+    record_crc: int | None = None  # its CRC-32 as the zip declares it (None: saved without CRCs)
 
     @property
     def dtype(self) -> str:
@@ -154,7 +176,7 @@ def _zero_stage_enum(value):
 
 def _reconstructor(cls, base, state=None):
     if not (isinstance(cls, type) and issubclass(cls, Opaque)):
-        raise pickle.UnpicklingError(f"refusing to reconstruct {cls!r}")
+        raise pickle.UnpicklingError(f"refusing to reconstruct {short_repr(cls)}")
     return cls()
 
 
@@ -210,85 +232,309 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         # ('storage', storage_type, key, location, numel)
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
+            raise pickle.UnpicklingError(f"unexpected persistent id {short_repr(pid)}")
         storage_type, key, _location, numel = pid[1:]
         if storage_type not in STORAGE_DTYPES:
-            raise pickle.UnpicklingError(f"unsupported storage type {storage_type!r}")
+            raise pickle.UnpicklingError(f"unsupported storage type {short_repr(storage_type)}")
         dtype, itemsize = STORAGE_DTYPES[storage_type]
         return StorageRef(str(key), dtype, itemsize, int(numel))
 
 
-def _walk(obj, seen=None):
-    """Every TensorRef inside nested containers."""
-    if isinstance(obj, TensorRef):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _walk(v)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            yield from _walk(v)
-    elif isinstance(obj, Opaque):
-        yield from _walk(getattr(obj, "state", None))
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
+
+
+def short_repr(obj) -> str:
+    """A bounded, one-line repr of a value read from an untrusted file (its full repr may never end)."""
+    try:
+        return printable(_REPR.repr(obj))
+    except Exception:  # a stand-in whose repr fails
+        return f"<{type(obj).__name__}>"
+
+
+def _walk(obj):
+    """Every TensorRef inside nested containers, each container visited once (memo-shared ones too)."""
+    stack, seen = [obj], set()
+    while stack:
+        o = stack.pop()
+        if isinstance(o, TensorRef):
+            yield o
+            continue
+        if isinstance(o, Opaque):
+            o = getattr(o, "state", None)
+        if isinstance(o, (dict, list, tuple, set, frozenset)):
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            stack.extend(o.values() if isinstance(o, dict) else o)
+
+
+class PickleBomb(Exception):
+    pass
+
+
+_POP_TO_MARK_NEW = {"TUPLE", "LIST", "DICT", "FROZENSET", "OBJ", "INST"}
+_POP_TO_MARK_INTO = {"APPENDS", "SETITEMS", "ADDITEMS"}
+_NEW_FROM = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "BINPERSID": 1, "STACK_GLOBAL": 2, "REDUCE": 2,
+             "NEWOBJ": 2, "NEWOBJ_EX": 3}
+
+
+def prescan(data: bytes) -> tuple[int, int, int]:
+    """Check the object graph a pickle would build, without building it: (objects, tree size, depth).
+
+    Every opcode is simulated on a stack of node numbers; memo GETs push the same node again (sharing),
+    appends and BUILD add children. Raises PickleBomb when the graph has more objects than
+    MAX_PICKLE_NODES, is cyclic, nests deeper than MAX_DEPTH, or expands (shared references counted as
+    copies, as a naive walk, hash or repr would visit them) past MAX_TREE_NODES."""
+    kids: list[list[int]] = []
+    stack: list[int] = []
+    marks: list[int] = []
+    memo: dict = {}
+
+    def new(children) -> int:
+        if len(kids) >= MAX_PICKLE_NODES:
+            raise PickleBomb(f"it builds more than {MAX_PICKLE_NODES} objects")
+        kids.append(list(children))
+        return len(kids) - 1
+
+    def pop_mark() -> list[int]:
+        if not marks:
+            raise PickleBomb("corrupt: an opcode pops to a mark that was never set")
+        at = marks.pop()
+        items = stack[at:]
+        del stack[at:]
+        return items
+
+    def pop(n: int = 1) -> list[int]:
+        if len(stack) - (marks[-1] if marks else 0) < n:
+            raise PickleBomb("corrupt: the pickle stack underflows")
+        items = stack[len(stack) - n:]
+        del stack[len(stack) - n:]
+        return items
+
+    def top() -> int:
+        if len(stack) <= (marks[-1] if marks else 0):
+            raise PickleBomb("corrupt: the pickle stack underflows")
+        return stack[-1]
+
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name == "STOP":
+                break
+            if name == "MARK":
+                marks.append(len(stack))
+            elif name in ("PROTO", "FRAME"):
+                pass
+            elif name == "POP":
+                if stack and marks and marks[-1] == len(stack):
+                    marks.pop()  # POP of a mark
+                else:
+                    pop()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "DUP":
+                stack.append(top())
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                memo[len(memo) if name == "MEMOIZE" else arg] = top()
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                if arg not in memo:
+                    raise PickleBomb(f"corrupt: memo entry {arg} was never set")
+                stack.append(memo[arg])
+            elif name in _POP_TO_MARK_NEW:
+                stack.append(new(pop_mark()))
+            elif name in _NEW_FROM:
+                stack.append(new(pop(_NEW_FROM[name])))
+            elif name in _POP_TO_MARK_INTO:
+                items = pop_mark()
+                kids[top()].extend(items)
+            elif name in ("APPEND", "BUILD"):
+                (x,) = pop()
+                kids[top()].append(x)
+            elif name == "SETITEM":
+                k, v = pop(2)
+                kids[top()].extend((k, v))
+            elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+                raise PickleBomb(f"out-of-band buffers ({name}) are not used by torch.save")
+            elif not op.stack_before and len(op.stack_after) == 1:
+                stack.append(new(()))  # a constant, an empty container, a global name
+            else:
+                raise PickleBomb(f"unsupported pickle opcode {name}")
+    except ValueError as exc:  # genops: unknown opcode, truncated argument
+        raise PickleBomb(f"corrupt: {exc}") from None
+    return len(kids), *_tree_size_and_depth(kids)
+
+
+def _tree_size_and_depth(kids: list[list[int]]) -> tuple[int, int]:
+    """Largest tree size and depth over every node of a DAG (iterative; refuses cycles)."""
+    n = len(kids)
+    size = [0] * n
+    depth = [0] * n
+    state = bytearray(n)  # 0 new, 1 on the path, 2 done
+    worst_size = worst_depth = 0
+    for root in range(n):
+        if state[root]:
+            continue
+        path = [(root, 0)]
+        state[root] = 1
+        while path:
+            node, i = path[-1]
+            children = kids[node]
+            if i < len(children):
+                path[-1] = (node, i + 1)
+                child = children[i]
+                if state[child] == 1:
+                    raise PickleBomb("it builds a structure that contains itself")
+                if state[child] == 0:
+                    state[child] = 1
+                    path.append((child, 0))
+                continue
+            path.pop()
+            state[node] = 2
+            total, deep = 1, 0
+            for c in children:
+                total += size[c]
+                deep = max(deep, depth[c])
+            size[node] = min(total, MAX_TREE_NODES + 1)
+            depth[node] = deep + 1
+            if size[node] > MAX_TREE_NODES:
+                raise PickleBomb(f"its shared references expand to more than {MAX_TREE_NODES} objects "
+                                 "(a walk over it would not end)")
+            if depth[node] > MAX_DEPTH:
+                raise PickleBomb(f"it nests deeper than {MAX_DEPTH} levels")
+            worst_size, worst_depth = max(worst_size, size[node]), max(worst_depth, depth[node])
+    return worst_size, worst_depth
+
+
+def _directory_bounds(fh, size: int, path) -> None:
+    """Check the zip's end-of-directory record before zipfile parses it: the central directory must fit the
+    file, and its size and record count must be sane (zipfile would read all of it into memory)."""
+    tail_len = min(size, 22 + 65535)
+    fh.seek(size - tail_len)
+    tail = fh.read(tail_len)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or len(tail) - at < 22:
+        raise InputError("truncated or corrupt: not a complete torch zip checkpoint (no zip directory at the "
+                         "end: an interrupted save, a partial copy, or the legacy torch.save format)", path=path)
+    _, _, _, _, entries, cd_size, cd_offset, _ = struct.unpack("<4s4H2LH", tail[at:at + 22])
+    if entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:  # zip64
+        loc = size - tail_len + at - 20
+        fh.seek(loc)
+        locator = fh.read(20)
+        if len(locator) != 20 or locator[:4] != b"PK\x06\x07":
+            raise InputError("corrupt zip64 directory locator", path=path)
+        (eocd64,) = struct.unpack("<Q", locator[8:16])
+        if eocd64 + 56 > size:
+            raise InputError("corrupt zip64 directory: it points past the end of the file", path=path)
+        fh.seek(eocd64)
+        rec = fh.read(56)
+        if rec[:4] != b"PK\x06\x06":
+            raise InputError("corrupt zip64 end-of-directory record", path=path)
+        entries, _, cd_size, cd_offset = struct.unpack("<4Q", rec[24:56])
+    if entries > MAX_RECORDS or cd_size > MAX_DIRECTORY_BYTES:
+        raise InputError(f"the zip directory declares {entries} records in {cd_size} bytes, more than any torch "
+                         f"checkpoint ({MAX_RECORDS} records, {MAX_DIRECTORY_BYTES} bytes at most); refusing "
+                         "to read it", path=path)
+    if cd_offset + cd_size > size:
+        raise InputError(f"truncated: the zip directory declares {cd_offset + cd_size} bytes, the file has "
+                         f"{size}", path=path)
 
 
 def _record_offset(fh, info: zipfile.ZipInfo, path) -> int:
     fh.seek(info.header_offset)
     header = fh.read(30)
     if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        raise InputError(f"corrupt zip record for {info.filename}", path=path)
+        raise InputError(f"corrupt zip record for {printable(info.filename)}", path=path)
     name_len, extra_len = struct.unpack("<HH", header[26:30])
     return info.header_offset + 30 + name_len + extra_len
+
+
+def _record(fh, info: zipfile.ZipInfo, size: int, path) -> int:
+    """Data offset of a stored record, checked to lie inside the file."""
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        raise InputError(f"record {printable(info.filename)} is compressed; not a torch.save file", path=path)
+    start = _record_offset(fh, info, path)
+    if start + info.file_size > size:
+        raise InputError(f"truncated: record {printable(info.filename)} ends past the end of the file", path=path)
+    return start
 
 
 def load(path: str | os.PathLike):
     """The object in a torch zip checkpoint, with tensors as TensorRefs (checked against the file size)."""
     path = os.fspath(path)
-    try:
-        size = os.path.getsize(path)
-        zf = zipfile.ZipFile(path)
-    except FileNotFoundError:
-        raise InputError("file not found", path=path) from None
-    except zipfile.BadZipFile:
-        raise InputError(
-            "truncated or corrupt: not a complete torch zip checkpoint (an interrupted save, a partial copy, "
-            "or the legacy torch.save format)", path=path) from None
-    with zf, open(path, "rb") as fh:
-        infos = {i.filename: i for i in zf.infolist()}
-        pkl_names = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
-        if len(pkl_names) != 1:
-            raise InputError("not a torch checkpoint (no data.pkl record)", path=path)
-        prefix = pkl_names[0][: -len("data.pkl")]
-        byteorder = infos.get(prefix + "byteorder")
-        if byteorder is not None and zf.read(byteorder).strip() not in (b"little", b""):
-            raise InputError("big-endian checkpoints are not supported", path=path)
+    fd = open_regular(path, "checkpoint file")
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        _directory_bounds(fh, size, path)
         try:
-            obj = _Unpickler(zf.open(pkl_names[0])).load()
-        except RefusedGlobal as exc:
+            zf = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
             raise InputError(
-                f"refused to load: the pickle references {exc}, which is not a tensor, a container or a known "
-                "DeepSpeed checkpoint type (dsdoctor never runs code from a checkpoint)", path=path) from None
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, zipfile.BadZipFile, OSError) as exc:
-            raise InputError(f"corrupt checkpoint pickle: {exc}", path=path) from None
-        offsets: dict[str, int] = {}
-        for ref in _walk(obj):
-            key = ref.storage.key
-            if key not in offsets:
-                info = infos.get(f"{prefix}data/{key}")
-                if info is None:
-                    raise InputError(f"storage record data/{key} is missing", path=path)
-                if info.compress_type != zipfile.ZIP_STORED:
-                    raise InputError(f"storage record data/{key} is compressed; not a torch.save file", path=path)
-                start = _record_offset(fh, info, path)
-                if info.file_size < ref.storage.numel * ref.storage.itemsize or start + info.file_size > size:
-                    raise InputError(f"truncated: storage data/{key} ends past the end of the file", path=path)
-                offsets[key] = start
-            ref.path = path
-            ref.data_offset = offsets[key]
-            end = ref.storage_offset + _span(ref)
-            if end > ref.storage.numel:
-                raise InputError(f"corrupt: a tensor extends past its storage data/{key}", path=path)
-            ref.__class__ = TensorRef
+                "truncated or corrupt: not a complete torch zip checkpoint (an interrupted save, a partial copy, "
+                f"or the legacy torch.save format): {printable(exc)}", path=path) from None
+        with zf:
+            return _load_zip(zf, fh, size, path)
+
+
+def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):
+    infos = {i.filename: i for i in zf.infolist()}
+    pkl_names = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
+    if len(pkl_names) != 1:
+        raise InputError("not a torch checkpoint (no data.pkl record)", path=path)
+    # torch.save can be told not to compute CRCs (torch.serialization.set_crc32_options): then all are 0
+    with_crc = any(i.CRC != 0 for i in infos.values())
+    prefix = pkl_names[0][: -len("data.pkl")]
+    byteorder = infos.get(prefix + "byteorder")
+    if byteorder is not None:
+        if byteorder.file_size > 16:
+            raise InputError("corrupt byteorder record", path=path)
+        fh.seek(_record(fh, byteorder, size, path))
+        if fh.read(byteorder.file_size).strip() not in (b"little", b""):
+            raise InputError("big-endian checkpoints are not supported", path=path)
+    info = infos[pkl_names[0]]
+    if info.file_size > PKL_MAX_BYTES:
+        raise InputError(f"data.pkl declares {info.file_size} bytes; the pickle of a real checkpoint is far "
+                         f"smaller ({PKL_MAX_BYTES} at most); refusing to read it", path=path)
+    fh.seek(_record(fh, info, size, path))
+    data = fh.read(info.file_size)
+    if len(data) != info.file_size:
+        raise InputError("truncated: data.pkl ends past the end of the file", path=path)
+    if with_crc and zlib.crc32(data) != info.CRC:
+        raise InputError(f"corrupt: CRC-32 mismatch in record {printable(info.filename)} (the bytes on disk are "
+                         "not the bytes torch.save wrote)", path=path)
+    try:
+        prescan(data)
+    except PickleBomb as exc:
+        raise InputError(f"refused to load data.pkl: {exc}", path=path) from None
+    try:
+        obj = _Unpickler(io.BytesIO(data)).load()
+    except RefusedGlobal as exc:
+        raise InputError(
+            f"refused to load: the pickle references {printable(exc)}, which is not a tensor, a container or a "
+            "known DeepSpeed checkpoint type (dsdoctor never runs code from a checkpoint)", path=path) from None
+    except (MemoryError, RecursionError):
+        raise InputError("refused to load data.pkl: it is too large or too deep to be a checkpoint", path=path) from None
+    except Exception as exc:  # anything a corrupt pickle makes the allowed constructors raise
+        raise InputError(f"corrupt checkpoint pickle: {type(exc).__name__}: {printable(exc)}", path=path) from None
+    records: dict[str, tuple[int, int, int | None]] = {}
+    for ref in _walk(obj):
+        key = ref.storage.key
+        if key not in records:
+            rinfo = infos.get(f"{prefix}data/{key}")
+            if rinfo is None:
+                raise InputError(f"storage record data/{printable(key)} is missing", path=path)
+            start = _record(fh, rinfo, size, path)
+            if rinfo.file_size < ref.storage.numel * ref.storage.itemsize:
+                raise InputError(f"truncated: storage data/{printable(key)} holds {rinfo.file_size} bytes, its "
+                                 f"tensor declares {ref.storage.numel * ref.storage.itemsize}", path=path)
+            records[key] = (start, rinfo.file_size, rinfo.CRC if with_crc else None)
+        ref.path = path
+        ref.data_offset, ref.record_size, ref.record_crc = records[key]
+        end = ref.storage_offset + _span(ref)
+        if ref.storage_offset < 0 or any(d < 0 for d in ref.shape) or end > ref.storage.numel:
+            raise InputError(f"corrupt: a tensor extends past its storage data/{printable(key)}", path=path)
+        ref.__class__ = TensorRef
     return obj
 
 

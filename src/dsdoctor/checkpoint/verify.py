@@ -23,6 +23,10 @@ from dsdoctor.report.render import (
 from dsdoctor.units import human_count
 
 LOGITS_MAX_PARAMS = 3_000_000_000  # above this the CPU forward pass is skipped (noted in the result)
+# |x| above which a trained parameter is taken as damaged bytes, not a weight (DSD413 explains the choice);
+# only parameters are checked, buffers may hold mask constants (-1e4, the dtype's minimum)
+IMPLAUSIBLE_ABS = 1e4
+SCAN_CHUNK = 1 << 24
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 
 
@@ -116,6 +120,19 @@ def _config_dtype(config) -> str | None:
     return str(dt).removeprefix("torch.") if dt is not None else None
 
 
+def _scan_values(t) -> tuple[bool, float]:
+    """(all finite, largest |x|) of a tensor, a bounded chunk at a time (no full-size temporaries)."""
+    import torch
+
+    flat = t.reshape(-1)
+    peak = 0.0
+    for chunk in flat.split(SCAN_CHUNK):
+        if not bool(torch.isfinite(chunk).all()):
+            return False, float("inf")
+        peak = max(peak, chunk.abs().max().item())
+    return True, peak
+
+
 def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
     """state dict name -> shape, and groups of names that are one tensor (ties), from a meta model."""
     sd = model.state_dict(keep_vars=True)
@@ -128,8 +145,6 @@ def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
 
 def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
     """Check merged weights in ``out_dir`` against the model whose config is in ``model``."""
-    import torch
-
     weights = index_weights(out_dir)
     config = _load_config(model)
     try:
@@ -137,6 +152,7 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
     except Exception as exc:
         raise InputError(f"cannot build the model from its config: {type(exc).__name__}: {exc}", path=model) from None
     expected, tied = expected_tensors(meta)
+    parameters = {n for n, _ in meta.named_parameters(remove_duplicate=False)}
     del meta
 
     findings: list[Finding] = []
@@ -175,12 +191,22 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
             findings.append(Finding("DSD406", {"count": count, "found": "/".join(off), "expected": want_dtype,
                                                "expected_short": short}))
 
-    nonfinite = []
+    nonfinite, implausible, largest, worst = [], [], 0.0, None
     for e in floats:
-        if e.numel and not bool(torch.isfinite(load_tensor(e)).all()):
+        if not e.numel:
+            continue
+        finite, peak = _scan_values(load_tensor(e))
+        if not finite:
             nonfinite.append(e.name)
+        elif e.name in parameters and peak > IMPLAUSIBLE_ABS and e.dtype in EPS:
+            implausible.append(e.name)
+            if peak > largest:
+                largest, worst = peak, e.name
     if nonfinite:
         findings.append(Finding("DSD405", {"count": len(nonfinite), "names": _names(nonfinite)}))
+    if implausible:
+        findings.append(Finding("DSD413", {"count": len(implausible), "largest": f"{largest:.3g}", "worst": worst,
+                                           "limit": f"{IMPLAUSIBLE_ABS:g}", "names": _names(implausible)}))
 
     for group in tied:
         present = [n for n in group if n in weights and weights[n].shape == expected[n]]

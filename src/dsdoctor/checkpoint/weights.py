@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
+from dsdoctor.fsutil import open_regular, printable, read_regular_bytes
 
 ST_DTYPES = {"F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
@@ -26,25 +28,79 @@ class Entry:
         return math.prod(self.shape)
 
 
+ST_ITEMSIZE = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
+INDEX_MAX_BYTES = 64 * 2**20
+
+
 def read_safetensors_header(path: Path) -> dict:
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(8)
-            if len(raw) != 8:
-                raise InputError("truncated safetensors file (no header)", path=path)
-            (n,) = struct.unpack("<Q", raw)
-            size = path.stat().st_size
-            if n > min(size - 8, 100 * 2**20):
-                raise InputError(f"truncated or corrupt safetensors file: header of {n} bytes in a {size}-byte file", path=path)
+    """The header of a safetensors file, every entry checked (dtype, shape, offsets inside the file and
+    matching the shape), so a malformed file is named here rather than failing later in a library."""
+    fd = open_regular(path, "safetensors file")
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) != 8:
+            raise InputError("truncated safetensors file (no header)", path=path)
+        (n,) = struct.unpack("<Q", raw)
+        size = os.fstat(fd).st_size
+        if n > min(size - 8, 100 * 2**20):
+            raise InputError(f"truncated or corrupt safetensors file: header of {n} bytes in a {size}-byte file",
+                             path=path)
+        try:
             header = json.loads(fh.read(n))
-    except FileNotFoundError:
-        raise InputError("file not found", path=path) from None
-    except ValueError as exc:
-        raise InputError(f"corrupt safetensors header: {exc}", path=path) from None
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"corrupt safetensors header: {printable(exc)}", path=path) from None
+    if not isinstance(header, dict):
+        raise InputError("corrupt safetensors header: not a JSON object", path=path)
+    end = 0
+    for name, v in header.items():
+        if name == "__metadata__":
+            if v is not None and not (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())):
+                raise InputError("corrupt safetensors header: __metadata__ is not a map of strings", path=path)
+            continue
+        problem = _entry_problem(v)
+        if problem:
+            raise InputError(f"corrupt safetensors header: tensor {printable(repr(name))[:120]} {problem}", path=path)
+        end = max(end, v["data_offsets"][1])
     if 8 + n + end > size:
         raise InputError(f"truncated: tensors end at byte {8 + n + end} of a {size}-byte file", path=path)
     return header
+
+
+def _entry_problem(v) -> str | None:
+    if not isinstance(v, dict):
+        return "is not described by an object"
+    dtype, shape, offsets = v.get("dtype"), v.get("shape"), v.get("data_offsets")
+    if dtype not in ST_ITEMSIZE:
+        return f"has an unknown dtype {printable(repr(dtype))[:40]}"
+    if not isinstance(shape, list) or len(shape) > 16 or \
+            not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**48 for d in shape):
+        return "has an invalid shape"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
+                                                                      for o in offsets)) \
+            or not 0 <= offsets[0] <= offsets[1]:
+        return "has invalid data_offsets"
+    if offsets[1] - offsets[0] != math.prod(shape) * ST_ITEMSIZE[dtype]:
+        return f"holds {offsets[1] - offsets[0]} bytes but its shape {shape} and dtype {dtype} need " \
+               f"{math.prod(shape) * ST_ITEMSIZE[dtype]}"
+    return None
+
+
+def _read_index(index: Path, d: Path) -> list[Path]:
+    try:
+        data = json.loads(read_regular_bytes(index, INDEX_MAX_BYTES, "index file").decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"corrupt index: {printable(exc)}", path=index) from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in weight_map.items()):
+        raise InputError("corrupt index: no weight_map of tensor names to shard file names", path=index)
+    names = set(weight_map.values())
+    bad = sorted(n for n in names if not n or "/" in n or "\\" in n or n in (".", "..") or "\x00" in n)
+    if bad:
+        raise InputError(f"corrupt index: shard name {printable(repr(bad[0]))} is not a file name in {printable(d)}",
+                         path=index)
+    return sorted(d / f for f in names)
 
 
 def index_weights(directory) -> dict[str, Entry]:
@@ -57,12 +113,8 @@ def index_weights(directory) -> dict[str, Entry]:
         files = [d]
     else:
         index = d / "model.safetensors.index.json"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InputError(f"corrupt index: {exc}", path=index) from None
-            files = sorted({d / f for f in weight_map.values()})
+        if index.exists():
+            files = _read_index(index, d)
             missing = [f for f in files if not f.is_file()]
             if missing:
                 raise InputError(f"the index names shard(s) that do not exist: {', '.join(f.name for f in missing)}",
@@ -91,10 +143,12 @@ def _load_bin(path: Path) -> dict:
     if path not in _BIN_CACHE:
         import torch
 
+        os.close(open_regular(path, "weights file"))  # not a FIFO or a device
         try:
             sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # torch raises many types for bad files
-            raise InputError(f"cannot read (weights_only=True): {exc}", path=path) from None
+            first = printable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            raise InputError(f"cannot read with weights_only=True: {first[:300]}", path=path) from None
         if not isinstance(sd, dict):
             raise InputError("not a state dict", path=path)
         _BIN_CACHE[path] = sd
@@ -106,6 +160,9 @@ def load_tensor(entry: Entry):
     if entry.file.suffix == ".safetensors":
         from safetensors import safe_open
 
-        with safe_open(str(entry.file), framework="pt") as fh:
-            return fh.get_tensor(entry.name)
+        try:
+            with safe_open(str(entry.file), framework="pt") as fh:
+                return fh.get_tensor(entry.name)
+        except Exception as exc:  # the safetensors library's own error types
+            raise InputError(f"cannot read tensor {entry.name}: {printable(exc)[:300]}", path=entry.file) from None
     return _load_bin(entry.file)[entry.name]

@@ -10,7 +10,8 @@ from dsdoctor.findings import exit_code
 EXAMPLES = """\
   dsdoctor ab -- deepspeed --num_gpus 2 infer.py
   dsdoctor ab --variants as-is,no-offload-param,pin-memory-off --timeout 900 -- python infer.py
-  dsdoctor ab --variants as-is,prefetch=1e7,prefetch=1e8 --format json -- torchrun --nproc_per_node 2 infer.py"""
+  dsdoctor ab --variants as-is,prefetch=1e7,prefetch=1e8 --format json -- torchrun --nproc_per_node 2 infer.py
+  dsdoctor ab --variants as-is,gather-once -- deepspeed --num_gpus 2 ppo_train.py   # rollouts inside training"""
 
 
 def register(sub):
@@ -23,8 +24,9 @@ def register(sub):
                     "variant is a result, not a crash. When the config never reaches those calls (init_inference, "
                     "no DeepSpeed), ab says the variants cannot be applied (DSD320, exit 1) and stops after as-is.",
     )
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma-separated, from: {', '.join(KNOWN)} (default: {','.join(DEFAULT_VARIANTS)})")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated, from: {', '.join(KNOWN)} (default: {','.join(DEFAULT_VARIANTS)}; when "
+                        "the as-is run trains between generates, the rest becomes gather-once)")
     add_run_flags(p, "dsdoctor-ab")
     p.set_defaults(func=run)
 

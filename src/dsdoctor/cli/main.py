@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"dsdoctor: error: {exc.one_line()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("dsdoctor: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP/SIGQUIT while writing (dsdoctor.fsutil)
+        print(f"dsdoctor: {exc or 'interrupted'}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

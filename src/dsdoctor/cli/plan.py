@@ -8,7 +8,8 @@ EXAMPLES = """\
   dsdoctor plan --model ./Llama-3.1-8B --batch 8 --prompt-len 2048 --new-tokens 256
   dsdoctor plan --model ./Llama-3.1-70B --gpus 4 --gpu-memory 80GiB --format json
   dsdoctor plan --model ./qwen2/config.json --config ds_train.json --plot plan-out
-  dsdoctor plan --model ./Llama-3.1-8B --lang zh --format markdown > plan.md"""
+  dsdoctor plan --model ./Llama-3.1-8B --lang zh --format markdown > plan.md
+  dsdoctor plan --model ./Llama-2-7b --gpus 2 --batch 4 --new-tokens 32 --loop   # RLHF/GRPO rollouts"""
 
 
 def register(sub):
@@ -31,6 +32,9 @@ def register(sub):
     p.add_argument("--config", default=None, help="DeepSpeed config whose stage-3 knobs, offload and optimizer apply")
     p.add_argument("--counts", choices=("auto", "meta", "formula"), default="auto",
                    help="parameter counts: exact from the meta-device model (needs transformers) or formula")
+    p.add_argument("--loop", action="store_true",
+                   help="the model trains and generates its own rollouts (RLHF/GRPO, eval with generate): count the "
+                        "training state and add the paths zero2 and zero3-gather-once")
     p.add_argument("--plot", metavar="DIR", default=None, help="write plan.png and plan.html into DIR (new)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot directory")
     add_output_flags(p)
@@ -42,7 +46,8 @@ def run(args) -> int:
 
     result = plan(args.model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                   dtype=args.dtype, gpus=args.gpus, gpu_memory=args.gpu_memory, host_memory=args.host_memory,
-                  h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name)
+                  h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name,
+                  loop=args.loop)
     if args.plot:
         from dsdoctor.plan.plot import write_plots
 

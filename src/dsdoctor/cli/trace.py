@@ -11,7 +11,9 @@ EXAMPLES = """\
   dsdoctor trace -- python infer.py --model ./Llama-3-8B
   dsdoctor trace --out trace-out --timeout 900 -- deepspeed --num_gpus 2 infer.py
   dsdoctor trace --format json -q -- torchrun --nproc_per_node 2 infer.py > trace.json
-  dsdoctor trace --timeout 600 -- deepspeed --hostfile hosts infer.py   # --out on a shared filesystem"""
+  dsdoctor trace --timeout 600 -- deepspeed --hostfile hosts infer.py   # --out on a shared filesystem
+  dsdoctor trace -o /shared/t -- torchrun --nnodes 2 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint head:29400 train.py
+  dsdoctor trace --report-only /shared/t   # the whole report again from every node's part"""
 
 
 def add_run_flags(p, default_out: str) -> None:
@@ -32,12 +34,23 @@ def register(sub):
                     "generate), and findings. Writes DIR/report.json, report.md and a memory timeline per rank.",
     )
     add_run_flags(p, "dsdoctor-trace")
+    p.add_argument("--report-only", metavar="DIR", default=None,
+                   help="run nothing: rebuild the report of a multi-node trace from DIR/node-*/ (each node's agent "
+                        "ran dsdoctor trace -o DIR -- torchrun --nnodes N --node-rank K ...)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from dsdoctor.trace.api import trace
+    from dsdoctor.trace.api import report_only, trace
 
+    if args.report_only:
+        if [c for c in args.command if c != "--"]:
+            from dsdoctor.errors import InputError
+
+            raise InputError("--report-only runs nothing: give DIR and no command")
+        result = report_only(args.report_only, lang=lang_of(args))
+        emit(result, args)
+        return exit_code(result.findings, args.fail_on)
     result = trace(args.command, out=args.out, timeout=args.timeout, force=args.force,
                    echo=False if args.quiet else sys.stderr, lang=lang_of(args))
     emit(result, args)

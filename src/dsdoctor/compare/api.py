@@ -365,7 +365,8 @@ def compare(
             for r in result.runs:
                 r.log = ""  # gone with the temporary directory; the tail stays in the result
         return result
-    with atomic_output_dir(out, force=force) as tmp:
+    inputs = [model_dir, model_dir_b, prompts if isinstance(prompts, (str, os.PathLike)) else None]
+    with atomic_output_dir(out, force=force, inputs=inputs, command="compare") as tmp:
         result = run_all(Path(tmp))
         result.out = str(out)
         for r in result.runs:

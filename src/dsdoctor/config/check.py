@@ -8,11 +8,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dsdoctor.config import rules  # noqa: F401  (registers DSD1xx)
-from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective
+from dsdoctor.config import (
+    checks_configs,
+    rules,  # noqa: F401  (registers DSD1xx)
+)
+from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
+from dsdoctor.config.inference_config import InferenceSettings, read_inference_config
 from dsdoctor.config.load import LoadedConfig, load_config
+from dsdoctor.config.runner import MODES as RUNNER_MODES
+from dsdoctor.config.runner import Runner, detect_runner
 from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
+from dsdoctor.config.versions import Versions, resolve_versions
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
@@ -20,7 +27,7 @@ from dsdoctor.report.render import Style, findings_markdown, findings_text, mark
 from dsdoctor.units import human_bytes, human_count
 from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 
-MODES = ("inference", "training")
+MODES = ("inference", "training") + RUNNER_MODES  # "training" is the old spelling of "train"
 
 @dataclass
 class CheckResult:
@@ -35,6 +42,12 @@ class CheckResult:
     tp: int | None = None
     notes: list[str] = field(default_factory=list)
     ref_path: str | None = None  # the DeepSpeed JSON a YAML names
+    runner: Runner | None = None  # what runs the config, and its mode
+    versions: Versions | None = None  # DeepSpeed / transformers / accelerate versions checked against
+    inference_config: InferenceSettings | None = None  # an init_inference config, as DeepSpeed reads it
+    ref_missing: bool = False  # the DeepSpeed config a trainer names was not found
+    stage_from_name: int | None = None  # its stage, as its file name says
+    sections: dict = field(default_factory=dict)  # hybrid_engine / weight_quantization, as read
 
     def to_dict(self, lang: str = "en") -> dict:
         eff = self.effective.to_dict()
@@ -53,10 +66,57 @@ class CheckResult:
             "values": {k: v.to_dict() for k, v in self.effective.values.items()},
             "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
             "notes": self.notes,
+            "runner": self.runner.to_dict() if self.runner else None,
+            "versions": self.versions.to_dict() if self.versions else None,
+            "inference_config": self.inference_config.to_dict() if self.inference_config else None,
+            "sections": self.sections,
         }
 
+    def _inference_rows(self, lang: str):
+        zh = lang == "zh"
+        c = self.inference_config
+        dtype = c.dtype + ("" if c.dtype_set else (" (默认)" if zh else " (default)"))
+        return [
+            ("dtype", dtype, ""),
+            ("tensor parallel", f"{c.tp_size}" + (f" ({c.tp_source})" if c.tp_source else ""), ""),
+            ("replace_with_kernel_inject", str(c.kernel_inject).lower(), ""),
+            ("enable_cuda_graph", str(c.enable_cuda_graph).lower(), ""),
+            ("max_out_tokens", str(c.max_out_tokens), ""),
+            ("checkpoint", c.checkpoint or "none", ""),
+            ("ZeRO", ("zero 段被忽略：init_inference 从不分片或卸载" if zh else
+                      "zero section ignored: init_inference never partitions or offloads") if c.zero else
+             ("无（init_inference 不分片）" if zh else "none (init_inference does not partition)"), ""),
+        ]
+
+    def _inference_section_rows(self, lang: str):
+        """hybrid_engine and weight_quantization: what takes effect at inference."""
+        zh = lang == "zh"
+        rows = []
+        he = self.sections.get("hybrid_engine")
+        if he is not None:
+            rows.append(("hybrid_engine", ("启用：DeepSpeedHybridEngine" if zh else "enabled: DeepSpeedHybridEngine") +
+                         f" (pin_parameters={str(he['pin_parameters']).lower()}, "
+                         f"inference_tp_size={he['inference_tp_size']})" if he["enabled"] else
+                         ("关闭" if zh else "disabled"), ""))
+        wq = self.sections.get("weight_quantization")
+        if wq is not None:
+            parts = []
+            if wq.get("quantized_initialization"):
+                parts.append(f"int{wq['num_bits']} quantized_initialization " + (
+                    ("（仅在 zero.Init 下）" if zh else "(only under zero.Init)") if self.effective.zero_stage == 3 else
+                    ("（不生效：需要 stage 3）" if zh else "(no effect: needs stage 3)")))
+            if wq.get("post_init_quant"):
+                parts.append("post_init_quant " + ("（仅当脚本调用时）" if zh else "(only if the script calls it)"))
+            rows.append(("weight_quantization", "; ".join(parts) or ("无" if zh else "none"), ""))
+        return rows
+
     def _rows(self, lang: str):
+        if self.inference_config is not None:
+            return self._inference_rows(lang)
         e, h = self.effective, self.hf_trainer
+        fills = bool(self.runner and self.runner.fills_auto)
+        if fills:  # the runner's reading first, raw deepspeed.initialize where it differs
+            e, h = h, e
         zh = lang == "zh"
 
         def off(o):
@@ -69,7 +129,7 @@ class CheckResult:
 
         def show(v):
             if v is None:
-                return "?" if not zh else "?"
+                return "? (由 hidden_size 决定，传 --model)" if zh else "? (from hidden_size: pass --model)"
             return human_count(v) if isinstance(v, int) and v >= 10_000 else str(v)
 
         def hfv(key, fmt=show):
@@ -79,14 +139,18 @@ class CheckResult:
             return fmt(hv.value) if hv.value is not None else hv.note
 
         rows = [
-            ("ZeRO stage", e.zero_stage, hfv("zero_stage")),
+            ("ZeRO stage", e.zero_stage if not self.ref_missing else (
+                "?" + (f" ({'文件名表明' if zh else 'the name says'} {self.stage_from_name})"
+                       if self.stage_from_name is not None else "")), hfv("zero_stage")),
             ("offload_param", off(e.offload_param), ""),
             ("offload_optimizer", off(e.offload_optimizer), ""),
             ("dtype", e.dtype if e.dtype != "fp32" else ("fp32 (不转换，保持加载时的 dtype)" if zh else
                                                          "fp32 (no cast: weights keep their loaded dtype)"),
-             _dtype_hf(h)),
+             _dtype_hf(h) if not fills else ""),
             ("tensor parallel", f"{e.tp_size}" + (f" ({e.tp_source})" if e.tp_source else ""), ""),
-            ("optimizer", e.optimizer_type or ("yes" if e.has_optimizer else "none"), ""),
+            ("optimizer", (e.optimizer_type or ("yes" if e.has_optimizer else "none")) + (
+                (" (Trainer 推理路径会删除)" if zh else " (deleted by the Trainer's inference path)")
+                if e.has_optimizer and self.runner and self.runner.hf_trainer and self.runner.inference else ""), ""),
             ("scheduler", e.scheduler_type or ("yes" if e.has_scheduler else "none"), ""),
         ]
         if e.zero_stage == 3:
@@ -96,10 +160,15 @@ class CheckResult:
                  hfv("param_persistence_threshold")),
                 ("stage3_max_live_parameters", show(e.max_live_parameters), hfv("max_live_parameters")),
             ]
+        rows += self._inference_section_rows(lang)
         if e.has_optimizer or e.zero_stage in (1, 2):
             rows.append(("reduce_bucket_size", show(e.reduce_bucket_size), hfv("reduce_bucket_size")))
         mb = e.values.get("train_micro_batch_size_per_gpu")
-        if mb is not None:
+        if mb is not None and fills:
+            rows.append(("train_micro_batch_size_per_gpu",
+                         "auto (TrainingArguments)" if mb.state == AUTO else (mb.value if mb.value is not None else "unset"),
+                         "auto -> TypeError" if mb.state == AUTO else ""))
+        elif mb is not None:
             rows.append(("train_micro_batch_size_per_gpu",
                          "auto -> TypeError" if mb.state == AUTO else (mb.value if mb.value is not None else "unset"),
                          "TrainingArguments" if mb.state == AUTO else ""))
@@ -108,6 +177,16 @@ class CheckResult:
     def _head(self, lang: str) -> list[str]:
         zh = lang == "zh"
         lines = [f"{'配置' if zh else 'config'}: {self.config} ({self.kind}), {'模式' if zh else 'mode'}: {self.mode}"]
+        if self.runner:
+            r = self.runner
+            lines.append(f"{'运行方' if zh else 'runner'}: {r.label}" + (f" [{r.command}]" if r.command else "")
+                         + f", {'模式' if zh else 'mode'} {r.mode} ({r.mode_source})"
+                         + (f", {'模型' if zh else 'model'} {r.model}" if r.model else ""))
+        if self.versions:
+            v = self.versions
+            lines.append(("版本" if zh else "versions") + ": " + ", ".join(
+                f"{n} {v.get(n) or '-'}" + ("" if v.sources.get(n) in ("installed", None) else f" ({v.sources[n]})")
+                for n in ("deepspeed", "transformers", "accelerate")))
         if self.ref_path:
             lines.append(f"{'DeepSpeed 配置' if zh else 'DeepSpeed config'}: {self.ref_path}")
         if self.model:
@@ -122,6 +201,12 @@ class CheckResult:
         out = "\n".join(self._head(lang)) + "\n\n"
         head = ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处") if zh else (
             "setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different")
+        if self.inference_config is not None:
+            head = ("设置", "deepspeed.init_inference 实际生效", "") if zh else (
+                "setting", "effective (deepspeed.init_inference)", "")
+        elif self.runner and self.runner.fills_auto:
+            head = ("设置", f"{self.runner.label} 实际生效", "原始 deepspeed.initialize 下不同之处") if zh else (
+                "setting", f"effective: {self.runner.label}", "raw deepspeed.initialize, where different")
         out += text_table(head, self._rows(lang)) + "\n"
         for note in self.notes:
             out += f"{style.info} {note}\n"
@@ -142,23 +227,65 @@ def _dtype_hf(h: Effective) -> str:
     return ""
 
 
-def check(config, mode: str = "inference", model: str | os.PathLike | None = None, gpus: int | None = None,
-          tp: int | None = None) -> CheckResult:
-    """Check a DeepSpeed config (path, dict or LoadedConfig) for ``mode`` ("inference" or "training")."""
-    if mode not in MODES:
+def check(config, mode: str | None = None, model: str | os.PathLike | None = None, gpus: int | None = None,
+          tp: int | None = None, versions: dict | None = None, gpu_name: str | None = None,
+          runner: str | None = None) -> CheckResult:
+    """Check a DeepSpeed config (path, dict or LoadedConfig) for what runs it and its mode.
+
+    ``mode`` (train, eval, predict, predict-with-generate, inference; "training" = train) overrides the mode
+    read from the file; by default a trainer's arguments say it and a bare DeepSpeed config is checked for
+    inference. ``versions`` ({"deepspeed": "0.15.0", ...}) replaces the installed versions; ``gpu_name`` the GPU
+    of this machine (for the dtype of a suggested config); ``runner`` ("hf-trainer", "llamafactory", ...) says what
+    runs a bare DeepSpeed JSON.
+    """
+    if mode is not None and mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
     for name, v in (("--gpus", gpus), ("--tp", tp)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InputError(f"{name} must be a positive integer, not {v!r}")
     loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     spec = load_model_spec(model) if model is not None else None
-    eff, hf = read_both(loaded, spec)
+    runner_name = runner
+    runner = detect_runner(loaded, mode, runner_name)
+    vers = resolve_versions(versions)
+    if runner.name == "init_inference":  # read as DeepSpeedInferenceConfig (below); initialize's reading is moot
+        eff, hf = effective_settings({}, "deepspeed"), effective_settings({}, "hf-trainer")
+    else:
+        eff, hf = read_both(loaded, spec)
     if gpus is None:
         gpus = loaded.num_processes
-    findings = detect(loaded, eff, hf, mode=mode, spec=spec, gpus=gpus, tp=tp)
+    inference_cfg = None
+    if runner.name == "init_inference":
+        inference_cfg = read_inference_config(loaded.raw)
+        findings = checks_configs.init_inference_findings(inference_cfg, spec, gpu_name)
+        if spec and spec.dtype == "bf16" and inference_cfg.dtype_set and inference_cfg.dtype == "fp16":
+            findings.append(Finding("DSD110", {"model_dtype": spec.dtype, "source": f"dtype = {loaded.raw['dtype']}"}))
+    else:
+        primary = hf if runner.fills_auto else eff
+        findings = detect(loaded, primary, hf, mode="inference" if runner.inference else "training", spec=spec,
+                          gpus=gpus, tp=tp)
+        dropped = set()
+        if runner.fills_auto:
+            dropped.add("DSD105")  # the runner fills every "auto"
+        if runner.hf_trainer and runner.inference:
+            dropped |= {"DSD101", "DSD102", "DSD115"}  # deepspeed_init(inference=True) deletes the optimizer
+        findings = [f for f in findings if f.code not in dropped]
+        for f in findings:
+            if f.code == "DSD103" and "autotp" in str(f.values.get("source")):
+                f.values["version_note"] = checks_configs.autotp_zero3_note(vers)
+        findings += checks_configs.runner_findings(loaded, primary, runner, spec)
+        zf = checks_configs.top_level_zero_finding(loaded.raw, eff, gpu_name, spec)
+        if zf:
+            findings.append(zf)
+        findings += checks_configs.version_findings(loaded.raw, primary, runner, vers, spec, tp)
+        findings += checks_configs.hybrid_engine_findings(loaded.raw, primary, gpus)
+        findings += checks_configs.weight_quantization_findings(loaded.raw, primary, runner)
     return CheckResult(
-        config=loaded.name, kind=loaded.kind, mode=mode, effective=eff, hf_trainer=hf, findings=findings,
-        model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes), ref_path=loaded.ref_path,
+        config=loaded.name, kind=loaded.kind, mode=runner.mode, effective=eff, hf_trainer=hf,
+        findings=sort_findings(findings), model=_model_summary(spec), gpus=gpus, tp=tp, notes=list(loaded.notes),
+        ref_path=loaded.ref_path, runner=runner, versions=vers, inference_config=inference_cfg,
+        ref_missing=loaded.ref_missing, stage_from_name=loaded.stage_from_name,
+        sections=checks_configs.inference_sections(loaded.raw),
     )
 
 
@@ -278,7 +405,8 @@ def zero3_with_tensor_parallel(c: Context):  # DSD103
     if c.tp and c.tp > tp_size:
         tp_size, tp_source = c.tp, "--tp"
     if c.infer and c.eff.zero_stage == 3 and tp_size > 1:
-        yield Finding("DSD103", {"stage": c.eff.zero_stage, "tp_size": tp_size, "source": tp_source})
+        yield Finding("DSD103", {"stage": c.eff.zero_stage, "tp_size": tp_size, "source": tp_source,
+                                 "version_note": Phrase("none")})
 
 
 def init_inference_keys_mixed(c: Context):  # DSD104

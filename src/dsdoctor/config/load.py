@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ class LoadedConfig:
     num_processes: int | None = None  # accelerate YAML: how many ranks it launches
     mixed_precision: str | None = None  # accelerate YAML / trainer YAML: "bf16", "fp16", "no"
     notes: list[str] = field(default_factory=list)
+    stage_from_name: int | None = None  # a missing referenced file's ZeRO stage, as its name says (ds_z3_config.json)
     _readings: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -92,10 +94,30 @@ def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
     if not isinstance(source, (str, os.PathLike)):
         raise InputError(f"expected a config path or a dict, not {type(source).__name__}")
     path = Path(source)
+    text = read_text(path)
+    if looks_like_command(text) and not text.lstrip().startswith(("{", "[")):
+        return from_command(path, text)
     data, kind = _parse_file(path)
     if kind == "yaml":
         return _from_yaml(path, data)
+    if is_trainer_args(data):
+        return _from_trainer_args(path, data, "trainer-args")  # a TrainingArguments JSON
     return LoadedConfig(path=str(path), raw=data, kind=kind)
+
+
+_TRAINING_ARGUMENT_KEYS = ("output_dir", "do_train", "do_eval", "do_predict", "per_device_train_batch_size",
+                           "per_device_eval_batch_size", "predict_with_generate", "model_name_or_path",
+                           "learning_rate", "num_train_epochs")
+
+
+def is_trainer_args(data: dict) -> bool:
+    """A trainer's arguments (TrainingArguments JSON, ...) naming a DeepSpeed config in ``deepspeed``, not a
+    DeepSpeed config (which has no ``deepspeed`` key; ``bf16: true`` is a TrainingArguments flag there)."""
+    from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS
+
+    if not isinstance(data.get("deepspeed"), (str, dict)) or "zero_optimization" in data:
+        return False
+    return any(k in data for k in _TRAINING_ARGUMENT_KEYS) or not any(k in DEEPSPEED_TOP_LEVEL_KEYS for k in data)
 
 
 def read_text(path: Path) -> str:
@@ -231,8 +253,8 @@ def _from_yaml(path: Path, data: dict) -> LoadedConfig:
     ds = data.get("deepspeed_config")
     if ds is not None or data.get("distributed_type") == "DEEPSPEED":
         return _from_accelerate_yaml(path, data, ds if ds is not None else {})
-    if isinstance(data.get("deepspeed"), str):
-        return _from_trainer_yaml(path, data)
+    if isinstance(data.get("deepspeed"), (str, dict)):
+        return _from_trainer_args(path, data, "trainer-yaml")
     # a DeepSpeed config written as YAML (GPT-NeoX style) or something without DeepSpeed keys at all
     return LoadedConfig(path=str(path), raw=data, kind="yaml")
 
@@ -350,15 +372,175 @@ def _fill_accelerate_precision(raw: dict, mixed: str | None) -> dict:
     return raw
 
 
-def _from_trainer_yaml(path: Path, data: dict) -> LoadedConfig:
+# ms-swift's built-in DeepSpeed configs (``--deepspeed zero3`` names a file shipped in swift/config/): what
+# each one sets that matters here; every other key in them is "auto" or a training knob.
+SWIFT_BUILTIN = {
+    "zero0": {"stage": 0}, "zero1": {"stage": 1}, "zero2": {"stage": 2}, "zero3": {"stage": 3},
+    "default-zero2": {"stage": 2}, "default-zero3": {"stage": 3},
+    "zero2_offload": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+    "zero3_offload": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                      "offload_param": {"device": "cpu", "pin_memory": True}},
+}
+
+
+def _swift_builtin(name: str) -> dict:
+    zero = copy.deepcopy(SWIFT_BUILTIN[name])
+    if zero["stage"] == 3:
+        zero.update({"stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+                     "reduce_bucket_size": "auto"})
+    return {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}, "zero_optimization": zero,
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+            "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto"}
+
+
+def trainer_precision(args: dict) -> str | None:
+    """bf16/fp16 as TrainingArguments (and LLaMA-Factory, ms-swift, axolotl) say it."""
+    def true(v):
+        return v is True or (isinstance(v, str) and v.strip().lower() in ("true", "1", "yes"))
+
+    if true(args.get("bf16")) or true(args.get("pure_bf16")) or str(args.get("torch_dtype", "")).lower() in (
+            "bfloat16", "bf16"):
+        return "bf16"
+    if true(args.get("fp16")) or str(args.get("torch_dtype", "")).lower() in ("float16", "fp16"):
+        return "fp16"
+    return None
+
+
+def _from_trainer_args(path: Path, data: dict, kind: str) -> LoadedConfig:
+    """A trainer's own arguments (LLaMA-Factory/axolotl/ms-swift YAML, TrainingArguments JSON, a command line)
+    whose ``deepspeed`` names a DeepSpeed JSON, an ms-swift built-in config, or holds the dict inline."""
     ref = data["deepspeed"]
-    mixed = "bf16" if data.get("bf16") is True else "fp16" if data.get("fp16") is True else None
-    loaded = LoadedConfig(path=str(path), raw={}, kind="trainer-yaml", source=None, mixed_precision=mixed)
+    mixed = trainer_precision(data)
+    loaded = LoadedConfig(path=str(path), raw={}, kind=kind, source=copy.deepcopy(data), mixed_precision=mixed)
+    if isinstance(ref, dict):
+        _check_keys_are_strings(ref, path)
+        loaded.raw = _fill_accelerate_precision(_plain(copy.deepcopy(ref)), mixed)
+        return loaded
+    if not isinstance(ref, str) or not ref.strip():
+        raise InputError(f"deepspeed must be a path or a mapping, not {ref!r}", path=path)
+    if ref in SWIFT_BUILTIN and not Path(ref).exists():
+        loaded.ref_path = f"ms-swift built-in {ref}"
+        loaded.raw = _fill_accelerate_precision(_swift_builtin(ref), mixed)
+        loaded.notes.append(f"deepspeed: {ref} is ms-swift's built-in config (swift/config/{ref}.json)")
+        return loaded
     ref_path, ref_data = _read_ref(path, ref)
     loaded.ref_path = str(ref_path)
     if ref_data is None:
         loaded.ref_missing = True
-        loaded.notes.append(f"deepspeed config {ref} named in this YAML was not found; nothing to check")
+        loaded.stage_from_name = stage_in_name(ref)
+        hint = f" (its name says ZeRO stage {loaded.stage_from_name})" if loaded.stage_from_name is not None else ""
+        loaded.notes.append(f"deepspeed config {ref} named in this file was not found{hint}; its keys are not checked")
     else:
-        loaded.raw = ref_data
+        loaded.raw = _fill_accelerate_precision(ref_data, mixed)
     return loaded
+
+
+_STAGE_IN_NAME = re.compile(r"(?:^|[^a-z])(?:z|zero|stage|zero_stage|zero-stage)[_-]?([0-3])(?![0-9])", re.IGNORECASE)
+
+
+def stage_in_name(ref: str) -> int | None:
+    """The ZeRO stage a config's file name states (ds_z3_config.json, zero3_offload.json, zero_stage2.json)."""
+    m = _STAGE_IN_NAME.search(Path(str(ref)).name)
+    return int(m.group(1)) if m else None
+
+
+# --- command lines -------------------------------------------------------------------------------------
+
+_LAUNCHERS = ("deepspeed", "torchrun", "accelerate", "python", "python3", "swift", "llamafactory-cli", "lmf",
+              "axolotl", "nohup")
+_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _command_tokens(text: str) -> list[str]:
+    """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
+    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped)."""
+    import shlex
+
+    for line in text.replace("\\\n", " ").splitlines():
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:  # unbalanced quotes: not a command line
+            continue
+        while tokens and _ENV_ASSIGN.match(tokens[0]):  # CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...
+            tokens.pop(0)
+        if tokens and tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
+            return tokens
+    return []
+
+
+def looks_like_command(text: str) -> bool:
+    """A launch command line or a shell script with one (a line whose first word, after VAR=value assignments,
+    is a launcher or trainer CLI)."""
+    return bool(_command_tokens(text))
+
+
+def parse_command(text: str) -> dict:
+    """A launch command (``swift sft --deepspeed zero3 ...``, ``deepspeed run.py --deepspeed ds.json
+    --do_predict ...``, ``llamafactory-cli train x.yaml``) as the trainer's arguments. Values are read as YAML
+    scalars (``true``, ``8``), as HfArgumentParser and ms-swift read them. ``_command`` holds the program and
+    sub-command, ``_script`` the first positional file."""
+    import yaml
+
+    tokens = _command_tokens(text)
+    out: dict = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--") and len(tok) > 2:
+            key, eq, value = tok[2:].partition("=")
+            key = key.replace("-", "_")
+            if not eq:
+                if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    value = tokens[i + 1]
+                    i += 1
+                else:
+                    value = "true"
+            try:
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                parsed = value
+            out[key] = parsed if isinstance(parsed, (str, int, float, bool)) else value
+        elif not tok.startswith("-"):
+            positional.append(tok)
+        i += 1
+    out["_command"] = " ".join(positional[:2])
+    script = next((p for p in positional if p.endswith((".py", ".yaml", ".yml", ".json"))), None)
+    if script:
+        out["_script"] = script
+    return out
+
+
+def from_command(path: Path, text: str) -> LoadedConfig:
+    args = parse_command(text)
+    script = args.get("_script")
+    if "deepspeed" not in args and isinstance(args.get("config_file"), str) and \
+            args.get("_command", "").startswith("accelerate"):  # accelerate launch --config_file acc.yaml ...
+        ref_path = _read_ref(path, args["config_file"])[0]
+        if not ref_path.exists():
+            raise InputError(f"names accelerate config {args['config_file']}, which was not found", path=path)
+        return load_config(ref_path)
+    if "deepspeed" not in args and script and script.endswith((".yaml", ".yml")):
+        # llamafactory-cli train x.yaml / axolotl train x.yml: the YAML holds the arguments
+        ypath, ydata = _read_ref(path, script)
+        if ydata is None:
+            raise InputError(f"names {script}, which was not found (the trainer's arguments are in it)", path=path)
+        if isinstance(ydata, dict):
+            merged = dict(ydata, **{k: v for k, v in args.items() if not k.startswith("_")})
+            merged["_command"] = args["_command"]
+            if isinstance(merged.get("deepspeed"), (str, dict)):
+                return _from_trainer_args(ypath, merged, "command")
+    if "deepspeed" in args and args["deepspeed"] is not True:
+        return _from_trainer_args(path, args, "command")
+    for key in ("deepspeed_config", "deepscale_config", "ds_config"):  # deepspeed.add_config_arguments, scripts
+        if isinstance(args.get(key), str):
+            ref_path, ref_data = _read_ref(path, args[key])
+            args["_raw_deepspeed"] = key
+            loaded = LoadedConfig(path=str(path), raw=ref_data or {}, kind="command", source=args,
+                                  ref_path=str(ref_path), ref_missing=ref_data is None)
+            if ref_data is None:
+                loaded.stage_from_name = stage_in_name(args[key])
+                loaded.notes.append(f"--{key} {args[key]} was not found; its keys are not checked")
+            return loaded
+    raise InputError("is a command line without --deepspeed CONFIG or --deepspeed_config CONFIG (nothing names a "
+                     "DeepSpeed config)", path=path)

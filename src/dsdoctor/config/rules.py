@@ -137,9 +137,19 @@ rule(
     "DSD103", "zero3-with-tensor-parallel", "warning",
     message={
         "en": "ZeRO stage {stage} combined with tensor parallelism ({source} = {tp_size}): every forward still "
-              "all-gathers each layer on top of the tensor-parallel split",
+              "all-gathers each layer on top of the tensor-parallel split{version_note}",
         "zh": "ZeRO stage {stage} 与张量并行（{source} = {tp_size}）同时使用：在张量并行切分之外，"
-              "每次前向仍要 all-gather 每一层",
+              "每次前向仍要 all-gather 每一层{version_note}",
+    },
+    phrases={  # what the DeepSpeed version in use does with AutoTP + ZeRO-3 (empty for other TP spellings)
+        "none": {"en": "", "zh": ""},
+        "accepts": {"en": "; DeepSpeed {version} accepts AutoTP with ZeRO-3 (since 0.19.4), so this runs, slowly",
+                    "zh": "；DeepSpeed {version} 接受 AutoTP 与 ZeRO-3 同用（0.19.4 起），能运行但很慢"},
+        "refuses": {"en": "; DeepSpeed {version} refuses AutoTP with ZeRO-3 (accepted from 0.19.4, see DSD130)",
+                    "zh": "；DeepSpeed {version} 拒绝 AutoTP 与 ZeRO-3 同用（0.19.4 起才接受，见 DSD130）"},
+        "not-installed": {"en": "; DeepSpeed is not installed here: 0.19.4 and later accept AutoTP with ZeRO-3, "
+                                "older releases refuse it",
+                          "zh": "；此处未安装 DeepSpeed：0.19.4 及以后接受 AutoTP 与 ZeRO-3 同用，更早的版本会拒绝"},
     },
     fix={
         "en": "Pick one path: tensor parallelism (deepspeed.init_inference with tensor_parallel.tp_size, no "

@@ -22,7 +22,7 @@ from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_F
 from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
-from dsdoctor.fsutil import atomic_write_text, refuse_overwrite
+from dsdoctor.fsutil import atomic_write_text, check_output_path
 from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
@@ -86,6 +86,12 @@ _REJECTED = {"en": "DeepSpeed 0.19 rejects this key (DSD114)", "zh": "DeepSpeed 
 
 def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:
     """The inference config of ``loaded`` and the change list (pure: nothing is written)."""
+    from dsdoctor.config.runner import is_init_inference_config
+
+    if is_init_inference_config(loaded.raw):
+        raise InputError("is a deepspeed.init_inference config (dtype, tensor_parallel, ...): split writes "
+                         "deepspeed.initialize configs", path=loaded.ref_path or loaded.path,
+                         hint=f"dsdoctor check {loaded.name} shows what init_inference makes of it")
     spec = load_model_spec(model) if model is not None else None
     eff, _hf = read_both(loaded, spec)
     raw = loaded.raw
@@ -209,13 +215,14 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
         raise InputError("is the DeepSpeed config the YAML names; write to another file", path=out_path)
     if loaded.ref_missing:
         raise InputError(f"names a DeepSpeed config that does not exist: {loaded.ref_path}", path=loaded.path)
-    refuse_overwrite(out_path, force)
+    inputs = [p for p in (loaded.path, loaded.ref_path) if p]
+    check_output_path(out_path, force, inputs, kind="file")
     new, changes = inference_config(loaded, model=model, keep_auto=keep_auto)
     text = json.dumps(new, indent=2, ensure_ascii=False) + "\n"
     before = json.dumps(loaded.raw, indent=2, ensure_ascii=False) + "\n"
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
                                         fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
-    atomic_write_text(out_path, text, force=force)
+    atomic_write_text(out_path, text, force=force, inputs=inputs)
     findings = check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference", model=model).findings
     return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
                        changes=changes, diff=diff, findings=findings)

@@ -75,7 +75,14 @@ def kind_of(module_name: str, class_name: str, ndim: int) -> str:
 
 
 def from_formula(spec) -> Inventory:
-    """Llama-style decoder (gated MLP, RMSNorm, optional q/k/v bias, optional experts) from the spec."""
+    """From config.json alone: the architecture's own builder (``formulas.py``), else a Llama-style decoder
+    (gated MLP, RMSNorm, optional q/k/v bias, optional experts), exact for the Llama family and marked
+    ``formula-approx`` for anything else."""
+    from dsdoctor.model.formulas import EXACT_TYPES, TIE_DEFAULT_TRUE, formula_inventory
+
+    exact = formula_inventory(spec)
+    if exact is not None:
+        return exact
     h, hd, nh, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
     inter = spec.intermediate_size
     raw = spec.raw.get("text_config") if isinstance(spec.raw.get("text_config"), dict) else spec.raw
@@ -108,11 +115,12 @@ def from_formula(spec) -> Inventory:
                 add(f"{p}.mlp.{name}", "weight", shape, "linear", i)
     add("model.norm", "weight", (h,), "norm", None)
     tied = []
-    if spec.tie_word_embeddings:
+    if spec.tie_word_embeddings or (spec.model_type not in EXACT_TYPES and "tie_word_embeddings" not in spec.raw
+                                    and spec.model_type in TIE_DEFAULT_TRUE):
         tied.append(("lm_head", "model.embed_tokens"))
     else:
         add("lm_head", "weight", (spec.vocab_size, h), "lm_head", None)
-    return Inventory(params, tied=tied, counted_by="formula")
+    return Inventory(params, tied=tied, counted_by="formula" if spec.model_type in EXACT_TYPES else "formula-approx")
 
 
 def apply_to_spec(spec, inv: Inventory):

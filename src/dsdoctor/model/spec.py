@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsdoctor.errors import InputError
+from dsdoctor.model.formulas import tied
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 _DTYPE_NAMES = {
@@ -97,25 +98,29 @@ def _int(cfg: dict, path: Path, *keys, default=None):
 def load_model_spec(path: str | os.PathLike) -> ModelSpec:
     p, cfg = read_config_json(path)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    hidden = _int(text, p, "hidden_size", "n_embd", "d_model")
-    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads")
+    hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model")
+    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads")
     spec = ModelSpec(
         path=str(p),
         model_type=str(cfg.get("model_type", "unknown")),
         hidden_size=hidden,
-        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers"),
+        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
         num_heads=heads,
         num_kv_heads=_int(text, p, "num_key_value_heads", "num_kv_heads", default=heads),
         head_dim=_int(text, p, "head_dim", default=hidden // max(heads, 1)),
-        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
+        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden),
         vocab_size=_int(text, p, "vocab_size"),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=tied(cfg),  # transformers' per-architecture default when unset
         dtype=normalize_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype")),
         max_position_embeddings=text.get("max_position_embeddings"),
         sliding_window=text.get("sliding_window") if isinstance(text.get("sliding_window"), int) else None,
         num_experts=int(text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0),
         raw=cfg,
     )
+    if spec.model_type == "falcon":  # multi-query: one key/value head (modeling_falcon.py)
+        from dsdoctor.model.formulas import falcon_kv_heads
+
+        spec.num_kv_heads = falcon_kv_heads(text, heads)
     estimate_params(spec)
     return spec
 
@@ -134,4 +139,13 @@ def estimate_params(spec: ModelSpec) -> ModelSpec:
     spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
     spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
     spec.counted_by = "formula"
+    from dsdoctor.model.formulas import EXACT_TYPES
+    from dsdoctor.model.inventory import from_formula
+
+    if spec.model_type in EXACT_TYPES:  # the architecture's exact formula
+        inv = from_formula(spec)
+        spec.num_params = inv.num_params
+        spec.embedding_params = inv.numel("embedding")
+        spec.per_layer_params = inv.layer_params(0)
+        spec.largest_param_numel = inv.largest
     return spec

@@ -13,11 +13,21 @@ import os
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
 from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
+from dsdoctor.plan.emit import code_for_plan
+from dsdoctor.plan.extra_paths import extra_paths
+from dsdoctor.plan.gpu_caps import capability_of, detect_capability
+from dsdoctor.plan.gpu_caps import run_dtype as _dtype_for_gpu
 from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.loading import apply_loading, find_checkpoint, methods_for
 from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.path_findings import path_findings
+from dsdoctor.plan.paths_tp import as_tp, estimate_split, parse_split, split_name, tp_splits
+from dsdoctor.plan.positions import hard_limit, position_limit
+from dsdoctor.plan.quant import QUANT_PATHS
 from dsdoctor.plan.result import PathPlan, PlanResult, Recommendation
 from dsdoctor.plan.speed import UNPINNED_FACTOR, estimate_speed
 from dsdoctor.plan.workload import Workload, make_workload
@@ -70,6 +80,25 @@ def _knobs_for(path: str, knobs: DsKnobs | None, config_path: str | None) -> DsK
     return dataclasses.replace(knobs, has_optimizer=False, offload_param=None)
 
 
+def _choose_tiered(plans: list) -> tuple:
+    """Measured paths first; an estimate (device-map) only when none fits; quantized weights (they change
+    the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier compared)."""
+    tiers = [[p for p in plans if not p.estimate], [p for p in plans if p.name not in QUANT_PATHS], plans]
+    for tier in tiers:
+        chosen = rec.choose(tier)
+        if chosen is not None:
+            return chosen, tier
+    return None, plans
+
+
+def _run_dtype(dtype: str, hw) -> tuple[str, float | None]:
+    """The dtype the emitted config and code use on this GPU, and the GPU's compute capability."""
+    capability = capability_of(hw.gpu_name)
+    if capability is None and "gpus" in hw.detected:
+        capability = detect_capability()
+    return _dtype_for_gpu(dtype, capability), capability
+
+
 def _fits(mem, hw) -> tuple[bool, list]:
     limits = []
     if mem.gpu_reserved_bytes + mem.gpu_outside_allocator_bytes > hw.gpu_memory:
@@ -94,32 +123,54 @@ def _largest(fits_at, low: int, high: int) -> int | None:
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None) -> PlanResult:
+         gpu_name: str | None = None, loop: bool = False) -> PlanResult:
     """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
-    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read)."""
+    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``loop``: the model trains
+    and generates its own rollouts (RLHF/GRPO): training state and the training step counted on the ZeRO-3
+    paths, the paths zero2 and zero3-gather-once added, the recommendation among training paths
+    (``plan/loop.py``)."""
     spec = load_model_spec(model)
     inv = load_inventory(spec, counts)
-    wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, spec.max_position_embeddings)
+    pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
+    wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, hard)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
     knobs = load_knobs(config)
     config_path = config_path_of(knobs)
     shape = model_shape(spec, inv)
 
+    run_dtype, capability = _run_dtype(wl.dtype, hw)
+    ckpt = find_checkpoint(spec.path, inv.num_params * wl.dtype_bytes, spec.dtype)
+    largest_param = max((p.numel for p in inv.params), default=0) * wl.dtype_bytes
+    splits = [(split_name(tp, r, hw.gpus), "tp") for tp, r in tp_splits(hw.gpus, spec.num_heads, spec.num_kv_heads)]
+    candidates = [(name, name) for name in PATHS[:2]] + splits + [(name, name) for name in PATHS[2:]]
     plans: list[PathPlan] = []
-    for name in PATHS:
-        k = _knobs_for(name, knobs, config_path)
-        mem = estimate_path(name, shape, wl, hw, k)
+    for name, family in candidates:
+        k = _knobs_for(family, knobs, config_path)
+        split = parse_split(name, hw.gpus) if family == "tp" else None
+
+        def estimate(w, name=name, k=k, split=split):
+            if split is not None and name != "tp":
+                return estimate_split(split[0], split[1], shape, w, hw, k)
+            mem = estimate_path(name, shape, w, hw, k)
+            return plan_loop.in_loop(name, mem, shape, w, k) if loop else mem
+
+        mem = estimate(wl)
         if mem is None:
             continue
-        speed = estimate_speed(mem, shape, wl, hw, k)
+        kind = "plain" if family == "plain" else "tp" if family == "tp" else "zero3"
+        methods = methods_for(kind, ckpt, wl.dtype, mem.ranks, mem.replicas, inv.num_params * wl.dtype_bytes,
+                              largest_param)
+        method, _ = apply_loading(mem, methods, hw.host_memory)
+        speed = estimate_speed(as_tp(mem) if family == "tp" else mem, shape, wl, hw, k)
         fits, limits = _fits(mem, hw)
 
-        def fits_with(name=name, k=k, **change):  # bound now: called within this iteration only
-            other = dataclasses.replace(wl, **change)
-            m = estimate_path(name, shape, other, hw, k)
+        def fits_with(estimate=estimate, method=method, **change):  # bound now: called within this iteration only
+            m = estimate(dataclasses.replace(wl, **change))
+            apply_loading(m, [method], hw.host_memory)
             return _fits(m, hw)[0]
 
-        max_ctx = (spec.max_position_embeddings or 131072) - wl.new_tokens
+        max_ctx = (pos_limit or 131072) - wl.new_tokens
+        max_ctx = max(max_ctx, wl.prompt_len) if hard is None else max_ctx
         max_batch = _largest(lambda v: fits_with(batch=v), 1, MAX_BATCH_SEARCH)
         max_prompt = _largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1))
         plans.append(PathPlan(
@@ -128,18 +179,32 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             host_peak_bytes=mem.host_peak_bytes, fits=fits, limits=limits, peak_at=mem.peak_at,
             tokens_per_s=speed.tokens_per_s, decode_tokens_per_s=speed.decode_tokens_per_s, bound=speed.bound,
             breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown, max_batch=max_batch,
-            max_prompt_len=max_prompt, notes=mem.notes,
+            max_prompt_len=max_prompt, notes=mem.notes + method.notes, loading=method.method,
+            host_file_bytes=mem.host_file_bytes,
+            loading_options=[m.to_dict() for m in methods],
+            tp=split[0] if split else None,
         ))
 
-    chosen = rec.choose(plans)
+    plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits)
+    if loop:
+        plans += plan_loop.loop_plans(shape, wl, hw, knobs, _fits, _largest, pos_limit, hard, MAX_BATCH_SEARCH)
+        chosen, compared = plan_loop.choose(plans), [p for p in plans if p.name in plan_loop.TRAINING_PATHS]
+    else:
+        chosen, compared = _choose_tiered(plans)
     if chosen is not None:
+        code = plan_loop.code_for(chosen.name, str(model), hw.gpus, run_dtype) if loop else \
+            code_for_plan(chosen, str(model), hw.gpus, run_dtype, knobs)
         recommendation = Recommendation(
-            chosen.name, {lang: rec.why(chosen, plans, lang) for lang in ("en", "zh")},
-            rec.ds_config_for(chosen.name, knobs), rec.code_for(chosen.name, str(model), hw.gpus, wl.dtype, knobs))
+            chosen.name, {lang: rec.why(chosen, compared, lang) for lang in ("en", "zh")},
+            chosen.ds_config if chosen.estimate else rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
+            code)
     else:
         recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl)
+    findings += path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capability, ckpt)
+    if loop:
+        findings += plan_loop.findings(plans, chosen)
     weights_only = inv.num_params * wl.dtype_bytes
     model_info = {"path": spec.path, "model_type": spec.model_type, "num_params": inv.num_params,
                   "counted_by": inv.counted_by, "layers": spec.num_layers, "hidden_size": spec.hidden_size,

@@ -85,7 +85,7 @@ def model_shape(spec, inv: Inventory) -> ModelShape:
         else:
             windows = [None] * layers
     names = {p.module.rsplit(".", 1)[-1] for p in inv.params}
-    gated = bool(names & {"gate_proj", "w1", "gate_up_proj"}) or inv.counted_by == "formula"
+    gated = bool(names & {"gate_proj", "w1", "gate_up_proj"})
     return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                       spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv)
 

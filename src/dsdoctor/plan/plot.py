@@ -111,7 +111,7 @@ def write_plots(result: PlanResult, directory: str | Path, lang: str = "en", for
     png = render_png(result)
     page = render_html(result, lang)
     target = Path(directory)
-    with atomic_output_dir(target, force=force) as tmp:
+    with atomic_output_dir(target, force=force, command="plan --plot") as tmp:
         (tmp / "plan.png").write_bytes(png)
         (tmp / "plan.html").write_text(page, encoding="utf-8")
     return [target / "plan.png", target / "plan.html"]

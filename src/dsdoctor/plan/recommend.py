@@ -23,10 +23,28 @@ def choose(paths: list) -> object | None:
         return None
     best = max(machine_tokens_per_s(p) for p in fitting)
     close = [p for p in fitting if machine_tokens_per_s(p) >= 0.95 * best]
-    return min(close, key=lambda p: PREFERENCE.index(p.name))
+    return min(close, key=lambda p: preference(p.name))
 
 
-def ds_config_for(path: str, knobs=None) -> dict | None:
+def preference(name: str) -> tuple:
+    """Simpler first: plain, tp over all GPUs, tp groups (larger first), ZeRO-3, then paths added later."""
+    if name in PREFERENCE:
+        return (PREFERENCE.index(name) if PREFERENCE.index(name) < 2 else PREFERENCE.index(name) + 1, 0)
+    if name.startswith("tp") and "x" in name:
+        return (2, -int(name[2:].split("x")[0]))
+    return (len(PREFERENCE) + 1, name)
+
+
+def dtype_section(dtype: str) -> dict:
+    """The ds_config precision section for the run dtype (bf16 needs compute capability 8.0)."""
+    if dtype == "bf16":
+        return {"bf16": {"enabled": True}}
+    if dtype == "fp16":
+        return {"fp16": {"enabled": True}}
+    return {}
+
+
+def ds_config_for(path: str, knobs=None, dtype: str = "bf16") -> dict | None:
     if not path.startswith("zero3"):
         return None
     zero = {"stage": 3}
@@ -40,7 +58,7 @@ def ds_config_for(path: str, knobs=None) -> dict | None:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if path == "zero3-offload-nvme":
         zero["offload_param"] = {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True}
-    return {"bf16": {"enabled": True}, "zero_optimization": zero, "train_micro_batch_size_per_gpu": 1}
+    return {**dtype_section(dtype), "zero_optimization": zero, "train_micro_batch_size_per_gpu": 1}
 
 
 def code_for(path: str, model: str, gpus: int, dtype: str, knobs=None) -> str:
@@ -59,7 +77,7 @@ def code_for(path: str, model: str, gpus: int, dtype: str, knobs=None) -> str:
                 f"engine = deepspeed.init_inference(model, tensor_parallel={{\"tp_size\": {gpus}}}, "
                 f"dtype={torch_dtype}, replace_with_kernel_inject=False)\n"
                 f"out = engine.module.generate(**inputs, max_new_tokens=N)  # same inputs on every rank\n")
-    cfg = json.dumps(ds_config_for(path, knobs), indent=2)
+    cfg = json.dumps(ds_config_for(path, knobs, dtype=dtype), indent=2)
     return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
             f"from transformers import AutoModelForCausalLM\n"
             f"from transformers.integrations import HfDeepSpeedConfig\n"

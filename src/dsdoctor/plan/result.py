@@ -29,15 +29,29 @@ LABELS = {
     "offloaded_params": ("offloaded params", "卸载的参数"),
     "nvme_swap_buffers_pinned": ("NVMe swap buffers (pinned)", "NVMe 交换缓冲（锁页）"),
     "outside_allocator": ("CUDA context + NCCL", "CUDA context + NCCL"),
+    "process_base": ("python + torch + CUDA runtime (anonymous)", "python + torch + CUDA 运行时（匿名内存）"),
+    "load_anon": ("CPU copies while loading (anonymous)", "加载时的 CPU 拷贝（匿名内存）"),
+    "checkpoint_mapped": ("checkpoint pages mapped (file-backed, counted once)", "映射的检查点页（文件页，只计一次）"),
+    "dequant_workspace": ("dequantization workspace", "反量化工作区"),
+    "offloaded_layers": ("CPU-offloaded layers", "卸载到 CPU 的层"),
+    "gathered_whole_model": ("whole model gathered for generate (loop)", "为 generate 收集的完整模型（循环）"),
+    "training_activations": ("training step activations (loop)", "训练步激活（循环）"),
+    "training_logits": ("training step logits + fp32 copy (loop)", "训练步 logits 及 fp32 拷贝（循环）"),
 }
 
 
 # every other word of the rendered plan, per language
 TEXT = {
-    "head": {"en": ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "fits", "tok/s/rank", "max batch",
-                    "max prompt"),
-             "zh": ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "放得下", "token/s/rank", "最大 batch",
-                    "最长 prompt")},
+    "head": {"en": ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "loading", "fits", "tok/s/rank",
+                    "max batch", "max prompt"),
+             "zh": ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "加载方法", "放得下", "token/s/rank",
+                    "最大 batch", "最长 prompt")},
+    "estimate": {"en": "~ estimate, not yet measured on a GPU", "zh": "~ 估计值，尚未在 GPU 上测量"},
+    "host head": {"en": "host memory of {path} by loading method (anonymous decides the fit; mapped file pages are "
+                        "reclaimable):",
+                  "zh": "{path} 各加载方法的主机内存（放得下与否看匿名内存；文件页可被回收）："},
+    "host line": {"en": " anonymous + {file} mapped file pages (the processes' RSS shows {rss})",
+                  "zh": " 匿名 + {file} 映射的文件页（各进程 RSS 合计显示 {rss}）"},
     "yes": {"en": "yes", "zh": "是"},
     "no": {"en": "no", "zh": "否"},
     "model": {"en": "model {model_type}: {params} params ({counted_by}), weights alone {weights}\n",
@@ -51,6 +65,7 @@ TEXT = {
     "load": {"en": "load", "zh": "加载"},
     "prefill": {"en": "prefill", "zh": "prefill"},
     "decode": {"en": "decode", "zh": "decode"},
+    "train-step": {"en": "train-step", "zh": "训练步"},  # plan --loop (plan/loop.py)
     "recommended": {"en": "recommended", "zh": "推荐"},
     "title": {"en": "# dsdoctor plan\n\n", "zh": "# dsdoctor 加载方案\n\n"},
     "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},
@@ -82,6 +97,13 @@ class PathPlan:
     max_batch: int | None = None
     max_prompt_len: int | None = None
     notes: list = field(default_factory=list)
+    loading: str | None = None  # the loading method the host figures assume (plan/loading.py)
+    host_file_bytes: int = 0  # mapped checkpoint pages (file-backed, reclaimable): beside host_peak_bytes
+    loading_options: list = field(default_factory=list)  # every method's host memory (anonymous, file-backed)
+    tp: int | None = None  # GPUs per tensor-parallel group
+    estimate: bool = False  # modelled, not yet measured on a GPU
+    code: str | None = field(default=None, repr=False)  # the path's own code (estimate paths)
+    ds_config: dict | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return {
@@ -93,6 +115,9 @@ class PathPlan:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "bound": self.bound,
             "breakdown": self.breakdown, "host_breakdown": self.host_breakdown,
             "max_batch": self.max_batch, "max_prompt_len": self.max_prompt_len, "notes": self.notes,
+            "loading": self.loading, "host_file_bytes": self.host_file_bytes,
+            "loading_options": self.loading_options, "tp": self.tp,
+            "estimate": self.estimate,
         }
 
 
@@ -136,9 +161,10 @@ class PlanResult:
         rows = []
         for p in self.paths:
             star = "*" if p.name == self.recommended.path else ""
+            star += "~" if p.estimate else ""
             rows.append((
                 p.name + star, p.ranks, human_bytes(p.gpu_peak_bytes), human_bytes(p.gpu_reserved_bytes),
-                human_bytes(p.host_peak_bytes), ok if p.fits else f"{no} " + ",".join(p.limits),
+                human_bytes(p.host_peak_bytes), p.loading or "-", ok if p.fits else f"{no} " + ",".join(p.limits),
                 f"{p.tokens_per_s:.1f}", p.max_batch if p.max_batch is not None else "-",
                 p.max_prompt_len if p.max_prompt_len is not None else "-",
             ))
@@ -161,11 +187,29 @@ class PlanResult:
             lines.append(f"  {p.name} ({pick(TEXT['peak at'], lang)} {pick(TEXT[p.peak_at], lang)}): {parts}")
         return lines
 
+    def _host_lines(self, lang: str) -> list[str]:
+        """Host memory of the recommended path (or the first) by loading method: anonymous vs file-backed."""
+        p = self.path(self.recommended.path) if self.recommended.path else (self.paths[0] if self.paths else None)
+        if p is None or not p.loading_options:
+            return []
+        lines = [pick(TEXT["host head"], lang).format(path=p.name)]
+        for m in p.loading_options:
+            mark = "*" if m["method"] == p.loading else " "
+            rss = human_bytes(m["file_rss_bytes"])
+            lines.append(f"  {mark}{m['method']:<16} {human_bytes(m['anon_bytes'])}"
+                         + pick(TEXT["host line"], lang).format(file=human_bytes(m["file_bytes"]), rss=rss))
+        return lines
+
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         head, rows = self._rows(lang, style.ok, style.error)
         out = [self._header(lang), text_table(head, rows)]
         out.append(pick(TEXT["breakdown"], lang) + "\n" + "\n".join(self._breakdown_lines(lang)) + "\n")
+        host = self._host_lines(lang)
+        if host:
+            out.append("\n".join(host) + "\n")
+        if any(p.estimate for p in self.paths):
+            out.append(pick(TEXT["estimate"], lang) + "\n")
         rec = self.recommended
         if rec.path:
             out.append(f"{pick(TEXT['recommended'], lang)}: {rec.path}: {pick(rec.why, lang)}\n")

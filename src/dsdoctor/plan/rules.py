@@ -286,3 +286,4 @@ which is bound by that copy, slows by the same factor.
         ),
     ),
 )
+from dsdoctor.plan import loop_rules, rules_paths  # noqa: E402,F401  (DSD207-DSD209 --loop; DSD210-DSD219)

@@ -15,6 +15,7 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.report.render import write_report
+from dsdoctor.trace import multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import read_records
@@ -65,11 +66,19 @@ def trace(command: list[str], out: str | None = None, timeout: float | None = No
 
     ``echo``: a stream for the command's output (default stderr), or False to keep it only in output.log."""
     command = _check(command, timeout)
+    nodes = multinode.nodes_of(command) if out is not None else None
+    if nodes:  # one agent of a multi-node torchrun: a shared DIR, node-K/ each, node 0 writes the report
+        return multinode.trace_node(command, str(out), nodes[0], nodes[1], timeout, force, echo, lang)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dsdoctor-trace-") as tmp:
             return _trace_into(Path(tmp), command, None, timeout, echo, lang, None)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, command="trace") as tmp:
         return _trace_into(Path(tmp), command, None, timeout, echo, lang, str(out))
+
+
+def report_only(out: str, lang: str = "en") -> TraceResult:
+    """Rebuild the whole report of a multi-node trace from every ``out/node-K`` there is."""
+    return multinode.report_only(str(out), lang=lang)
 
 
 def _dirname(variant: str) -> str:
@@ -84,8 +93,9 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
 
     def run_all(directory: Path, final: str | None) -> AbResult:
         results, as_is_findings, stop = [], [], None
-        for n, v in enumerate(chosen, 1):
-            print(f"dsdoctor ab: variant {n}/{len(chosen)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
+        queue = list(chosen)
+        for n, v in enumerate(queue, 1):
+            print(f"dsdoctor ab: variant {n}/{len(queue)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
             sub = _dirname(v.name)
             t = _trace_into(directory / sub, command, v.name, timeout, echo, lang,
                             f"{final}/{sub}" if final else None)
@@ -93,7 +103,12 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
             print(f"dsdoctor ab: variant {v.name}: {t.status}", file=sys.stderr, flush=True)
             if v.name == "as-is":  # the run as the user runs it: its findings are the user's problems
                 as_is_findings = t.findings
-            following = [w.name for w in chosen[n:]]
+                if variants is None and any(r.loop for r in t.ranks):
+                    # generation inside training: the inference variants do not apply, gather-once does
+                    queue[n:] = parse_variants("gather-once")
+                    print("dsdoctor ab: the run trains between generates; next variant: gather-once",
+                          file=sys.stderr, flush=True)
+            following = [w.name for w in queue[n:]]
             stop = not_applied(v.name, t, following, [r.name for r in results])
             if stop is not None:
                 print(f"dsdoctor ab: {stop.message('en')}", file=sys.stderr, flush=True)
@@ -107,5 +122,5 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
     if out is None:
         with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
             return run_all(Path(tmp), None)
-    with atomic_output_dir(out, force=force) as tmp:
+    with atomic_output_dir(out, force=force, command="ab") as tmp:
         return run_all(Path(tmp), str(out))

@@ -17,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD320", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+PRIORITY = ("DSD320", "DSD332", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -118,6 +118,7 @@ class AbResult:
 
 
 REWRITTEN_AT = ("deepspeed.initialize", "HfDeepSpeedConfig")
+NOT_CONFIG_VARIANTS = ("gather-once",)  # variants the observer applies inside generate, not to the config
 
 
 def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str]) -> Finding | None:
@@ -125,6 +126,9 @@ def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str])
     observer can rewrite to deepspeed.initialize or HfDeepSpeedConfig; after any other variant, when no rank
     received that variant's config. None when ab can go on."""
     seen = [c for r in t.ranks for c in r.configs_seen]
+    following = [f for f in following if f not in NOT_CONFIG_VARIANTS]
+    if name in NOT_CONFIG_VARIANTS:  # applied at generate, not to the config: nothing to check here
+        return None
     if name == "as-is":
         if not following or any(c.get("api") in REWRITTEN_AT and c.get("rewritable") for c in seen):
             return None
@@ -211,6 +215,9 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:
             out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
-    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315") for f in out):
+    from dsdoctor.trace.loop import gather_once_diagnosis
+
+    out += gather_once_diagnosis(variants, gpu)
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD332") for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
     return sort_findings(out)

@@ -56,6 +56,7 @@ class RankRecord:
     samples: list[list] = field(default_factory=list)  # [t, rss, gpu_allocated, gpu_reserved]
     shard_loads: list[str] = field(default_factory=list)
     uncaught: dict | None = None
+    train: list[dict] = field(default_factory=list)  # engine.backward / engine.step: {"t", "kind", "duration_s"}
     exited: bool = False
     stack: str | None = None
 
@@ -103,7 +104,7 @@ def read_rank(path: Path) -> RankRecord | None:
                             "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
                     setattr(ph, key, ev.get(key))
                 ph.host_rss_end = ev.get("host_rss")
-                for key in ("engine", "model", "new_tokens_per_seq"):
+                for key in ("engine", "model", "forwards", "new_tokens_per_seq"):
                     if ev.get(key) is not None:
                         ph.info[key] = ev[key]
             elif kind == "config":
@@ -112,6 +113,8 @@ def read_rank(path: Path) -> RankRecord | None:
                 rec.models.append(ev)
             elif kind == "zero_shards_to_init_inference":
                 rec.shard_loads.extend(ev.get("files") or [])
+            elif kind == "train":
+                rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
             elif kind == "uncaught":
                 rec.uncaught = ev.get("error")
             elif kind == "exit":
@@ -148,9 +151,9 @@ def read_records(directory: Path) -> list[RankRecord]:
     # with observed calls, or else the first one (the rank itself)
     out.sort(key=lambda r: (r.rank, r.t0 or 0))
     kept, seen = [], set()
-    active = {r.rank for r in out if r.phases or r.configs or r.models}
+    active = {r.rank for r in out if r.phases or r.configs or r.models or r.train}
     for r in out:
-        if r.phases or r.configs or r.models or (r.rank not in active and r.rank not in seen):
+        if r.phases or r.configs or r.models or r.train or (r.rank not in active and r.rank not in seen):
             kept.append(r)
             seen.add(r.rank)
     return kept

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.trace import loop as gen_loop
+from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
@@ -74,6 +76,7 @@ class RankSummary:
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
     timeline_png: str | None = None
+    loop: dict | None = None  # generation inside training (trace/loop.py): per-generate cost; None otherwise
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -151,6 +154,8 @@ class TraceResult:
         rows = list(self._phase_rows())
         if rows:
             out += ["\n", text_table(ph, rows)]
+        if any(r.loop for r in self.ranks):
+            out += ["\n", text_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         out += ["\n", findings_text(self.findings, lang, style or Style())]
         if self.out_dir:
             out.append(f"{_t('files', lang)}: {self.out_dir}/report.json, report.md, timeline.html\n")
@@ -164,6 +169,9 @@ class TraceResult:
                f"{self.wall_s:.1f} s\n\n## {_t('ranks', lang)}\n\n", markdown_table(rh, list(self._rank_rows())),
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+        if any(r.loop for r in self.ranks):
+            out[-2:-2] = ["\n## " + ("训练循环内的 generate" if lang == "zh" else "generate inside training") + "\n\n",
+                          markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         for r in self.ranks:
             if r.timeline_png:
                 out.append(f"\n![rank {r.rank} memory timeline]({r.timeline_png})\n")
@@ -326,6 +334,7 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         s.where = _where_in_stack(rec.stack)
         s.user_frame = _user_frame(rec.stack)
         s.in_collective = _in_collective(rec.stack)
+    s.loop = gen_loop.summarize(rec, engine)
     t0 = rec.t0 or 0
     step = max(1, len(rec.samples) // 600)
     s.timeline = [[round(x[0] - t0, 3), x[1], x[2], x[3]] for x in rec.samples[::step]]
@@ -380,7 +389,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if not records:
         out.append(Finding("DSD309", {}))
 
-    built = [r for r in ranks if r.optimizer]
+    built = [r for r in ranks if r.optimizer and not r.loop]  # a training loop needs its optimizer
     if built:
         r0 = built[0]
         name = r0.optimizer + (f" ({r0.base_optimizer})" if r0.base_optimizer else "")
@@ -398,7 +407,8 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     if tp:
         rec = next(x for x in records if x.rank == tp[0].rank)
         api = next((p.info.get("api") for p in rec.phases if p.name == "init"), "deepspeed")
-        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}"}))
+        out.append(Finding("DSD103", {"stage": 3, "tp_size": tp[0].tp_size, "source": f"observed in {api}",
+                                      "version_note": Phrase("none")}))
 
     unsynced = sorted({rec.rank for rec in records for p in rec.phases
                        if p.name == "generate" and p.info.get("zero3_partitioned")
@@ -423,7 +433,15 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
-    peak = _peak_finding(ranks, records)
+    out += gen_loop.loop_findings(ranks)
+    ignored = _ignored_zero_at_init_inference(records)
+    if ignored:
+        out.append(ignored)
+
+    unpartitioned = _unpartitioned_finding(ranks, records)
+    if unpartitioned:
+        out.append(unpartitioned)
+    peak = _peak_finding(ranks, records, unpartitioned_at_init=unpartitioned is not None)
     if peak:
         out.append(peak)
 
@@ -551,7 +569,8 @@ def _hang_advice(unsynced: list[int]) -> Phrase:
     return Phrase("synced" if unsynced else "collectives")
 
 
-_PHASE_ADVICE = ("load", "init", "generate")  # phases with their own advice (DSD304's phrases)
+# phases with their own advice (DSD304's phrases); the last two only in a training loop
+_PHASE_ADVICE = ("load", "init", "generate", "init-training", "training-step")
 
 
 def _phase_advice(base: str, rec: RankRecord | None) -> Phrase:
@@ -583,7 +602,59 @@ def _phase_advice(base: str, rec: RankRecord | None) -> Phrase:
     return Phrase(base if base in _PHASE_ADVICE else "other")
 
 
-def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = None) -> Finding | None:
+def _why_unpartitioned(rec: RankRecord) -> Phrase:
+    """Why the model was not built under zero.Init, from the order of HfDeepSpeedConfig and the model's build."""
+    loads = [p for p in rec.phases if p.name == "load"]
+    hf = [c for c in rec.configs if c.get("api") == "HfDeepSpeedConfig"]
+    if not hf:
+        return Phrase("no-hf-config")
+    api = (loads[0].info.get("api") or "from_pretrained") if loads else "from_pretrained"
+    if loads and all((c.get("t") or 0) > loads[0].t_start for c in hf):
+        return Phrase("created-after", {"api": api})
+    if loads and not any(p.info.get("hf_zero3") for p in loads):
+        return Phrase("not-alive", {"api": api})
+    return Phrase("outside-zero-init")
+
+
+def _ignored_zero_at_init_inference(records: list[RankRecord]) -> Finding | None:
+    """DSD122 at run time: the script handed init_inference a config with a zero section, which it ignores."""
+    from dsdoctor.config.checks_configs import init_inference_findings
+    from dsdoctor.config.inference_config import read_inference_config
+
+    for rec in records:
+        for c in rec.configs:
+            cfg = c.get("config")
+            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict) and isinstance(cfg.get("zero"), dict):
+                found = [f for f in init_inference_findings(read_inference_config(cfg), None, None) if f.code == "DSD122"]
+                if found:
+                    found[0].values["rank"] = rec.rank
+                    return found[0]
+    return None
+
+
+def _unpartitioned_finding(ranks: list[RankSummary], records: list[RankRecord]) -> Finding | None:
+    for rec in records:
+        init = next((p for p in rec.phases if p.name == "init" and p.info.get("api") == "deepspeed.initialize"
+                     and p.info.get("model_at_initialize")), None)
+        if init is None:
+            continue
+        state = init.info["model_at_initialize"]
+        summary = next((r for r in ranks if r.rank == rec.rank), None)
+        stage = summary.zero_stage if summary and summary.zero_stage is not None else (
+            summary.configured_stage if summary else None)
+        if str(stage) != "3" or not state.get("unpartitioned"):
+            continue
+        f = Finding("DSD340", {"rank": rec.rank, "unpartitioned": state["unpartitioned"], "params": state["params"],
+                               "bytes": human_bytes(state.get("unpartitioned_bytes")), "why": _why_unpartitioned(rec),
+                               "unpartitioned_bytes": state.get("unpartitioned_bytes")})
+        if (init.error and init.error.get("oom")) or (summary and (summary.peak_phase or "").startswith("init")):
+            f.severity = "error"
+        return f
+    return None
+
+
+def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = None,
+                  unpartitioned_at_init: bool = False) -> Finding | None:
     gpu = any(r.peak_gpu_bytes is not None for r in ranks)
     key = "peak_host_bytes"
     if gpu:
@@ -593,9 +664,19 @@ def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = N
         return None
     top = max(cands, key=lambda r: getattr(r, key))
     phase = top.peak_phase
-    base = phase.split("#")[0].split()[-1]  # "before load#1" -> load
+    raw = phase.split("#")[0]
+    base = raw.split()[-1] if raw.split() else raw  # "before load#1" -> load
+    if top.loop and raw == "init":  # a training loop needs what initialize builds
+        base = "init-training"
+    elif top.loop and raw not in _PHASE_ADVICE:  # between generates a loop runs its training step
+        base = "training-step"
     rec = next((x for x in records or [] if x.rank == top.rank), None)
-    part = _phase_advice(base, rec) if base in _PHASE_ADVICE else Phrase("other")
+    if base == "init" and unpartitioned_at_init:
+        part = Phrase("init-unpartitioned")
+    elif base in ("load", "init", "generate"):
+        part = _phase_advice(base, rec)
+    else:
+        part = Phrase(base if base in _PHASE_ADVICE else "other")
     return Finding("DSD304", {"kind": Phrase("gpu" if gpu else "host"), "peak": human_bytes(getattr(top, key)),
                               "rank": top.rank, "phase": phase, "advice": Phrase("peak-is", {"part": part})})
 

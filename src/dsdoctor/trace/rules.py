@@ -132,6 +132,21 @@ rule(
         "generate-plain": {"en": "the KV cache and activations of generate: a smaller batch or shorter generation "
                                  "lowers it",
                            "zh": "generate 的 KV cache 和激活：减小 batch 或缩短生成可以降低它"},
+        "init-unpartitioned": {
+            "en": "the whole unpartitioned model that deepspeed.initialize moves to the device: build it under "
+                  "zero.Init (HfDeepSpeedConfig before from_pretrained, kept alive; see DSD340)",
+            "zh": "deepspeed.initialize 搬到设备上的整个未分片模型：在 zero.Init 下构建它（在 from_pretrained 之前创建并保留 "
+                  "HfDeepSpeedConfig；见 DSD340）"},
+        # generation inside training (trace/loop.py): the optimizer is needed, the step runs between generates
+        "init-training": {"en": "what deepspeed.initialize builds for training (ZeRO partitions, optimizer buffers): "
+                                "more ranks, offload_optimizer, or a smaller reduce_bucket_size",
+                          "zh": "deepspeed.initialize 为训练构建的东西（ZeRO 分区、优化器缓冲）：更多 rank、offload_optimizer "
+                                "或更小的 reduce_bucket_size"},
+        "training-step": {"en": "the training step between generates (forward activations, gathered parameters, "
+                                "gradients, Adam moments from the first step): smaller micro-batch, activation "
+                                "checkpointing",
+                          "zh": "生成之间的训练步（前向激活、收集的参数、梯度、首次 step 后的 Adam 动量）：更小的 "
+                                "micro-batch、激活检查点"},
     }),
     explanation=explanation(
         en=(
@@ -564,3 +579,5 @@ rule(
         ),
     ),
 )
+
+from dsdoctor.trace import loop_rules  # noqa: E402,F401  (DSD330-DSD332: generation inside training)

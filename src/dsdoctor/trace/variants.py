@@ -72,6 +72,9 @@ _FIXED = {
     "split": ("the inference part only: no optimizer, scheduler or offload_optimizer", split_inference_config),
     "pin-memory-on": ("offload pin_memory true", _pin_memory(True)),
     "pin-memory-off": ("offload pin_memory false", _pin_memory(False)),
+    # not a config rewrite: the observer wraps generate on a ZeRO-3 engine's module (observer/gather_once.py)
+    "gather-once": ("generate with the ZeRO-3 model gathered once and its module hooks lifted (in-process)",
+                    _as_is),
 }
 KNOWN = tuple(_FIXED) + ("prefetch=N",)
 

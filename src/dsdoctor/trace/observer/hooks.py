@@ -8,6 +8,7 @@ the program does (except the ab config rewrite, which is the point of ab).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.util
@@ -18,7 +19,7 @@ import re
 import sys
 import threading
 
-from dsdoctor.trace.observer import recorder
+from dsdoctor.trace.observer import loop, recorder
 
 _SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
 _shard_loads: list[str] = []
@@ -258,10 +259,29 @@ def _model_info(model) -> dict:
     return info
 
 
+def _partition_state(model) -> dict | None:
+    """How much of ``model`` is ZeRO-3 partitioned as it reaches deepspeed.initialize: parameters without a
+    ``ds_id`` were not built under zero.Init, and initialize moves the whole module to the device
+    (runtime/engine.py ``_configure_distributed_model``: ``is_zero_init_model`` is false)."""
+    if model is None or not hasattr(model, "parameters"):
+        return None
+    total = unpartitioned = 0
+    nbytes = 0
+    for p in model.parameters():
+        total += 1
+        if hasattr(p, "ds_id"):
+            continue
+        unpartitioned += 1
+        nbytes += int(p.numel()) * int(p.element_size())
+    return {"params": total, "unpartitioned": unpartitioned, "unpartitioned_bytes": nbytes,
+            "hf_zero3_alive": _hf_zero3_enabled()}
+
+
 def _patch_deepspeed(ds):
     if getattr(ds, "_dsdoctor_patched", False):
         return
     ds._dsdoctor_patched = True
+    _safe(loop.patch_engine_class, ds)  # train events: generation inside training
     original_initialize = ds.initialize
     sig = inspect.signature(original_initialize)
 
@@ -285,7 +305,12 @@ def _patch_deepspeed(ds):
             _safe(rec.write, "observer_error", where="initialize", error=repr(exc))
         _safe(_write_config, rec, "deepspeed.initialize", source, passed, original,
               rewritable=passed is not None and setter is not None)
-        token = _safe(rec.begin, "init", api="deepspeed.initialize")
+        state = None
+        try:
+            state = _safe(_partition_state, sig.bind_partial(*args, **kwargs).arguments.get("model"))
+        except Exception:
+            pass
+        token = _safe(rec.begin, "init", api="deepspeed.initialize", model_at_initialize=state)
         if token is None:
             return original_initialize(*args, **kwargs)
         try:
@@ -294,6 +319,7 @@ def _patch_deepspeed(ds):
             _safe(rec.end, token, error=exc)
             raise
         engine = result[0] if isinstance(result, tuple) else result
+        _safe(loop.remember_engine, engine)
         info = _safe(_engine_info, engine) or {}
         module = engine.module if hasattr(engine, "module") else engine
         info.update(_safe(_model_info, module) or {})
@@ -386,6 +412,7 @@ def _patch_torch(torch):
 
     load._dsdoctor = True
     torch.load = load
+    _safe(loop.patch_torch_training, torch)  # train events of loops that step without the engine
 
 
 # ------------------------------------------------------------------------ transformers
@@ -401,7 +428,7 @@ def _wrap_classmethod(cls, name: str, phase: str):
         rec = recorder.get()
         if rec is None or rec.busy:
             return func(klass, *args, **kwargs)
-        token = _safe(rec.begin, phase, api=f"{klass.__name__}.{name}")
+        token = _safe(rec.begin, phase, api=f"{klass.__name__}.{name}", hf_zero3=_hf_zero3_enabled())
         if token is None:
             return func(klass, *args, **kwargs)
         try:
@@ -491,21 +518,48 @@ def _patch_generation(gu):
                     "synced_gpus": bool(requested) if requested is not None else bool(hf_z3 and world > 1),
                     "zero3_partitioned": first is not None and hasattr(first, "ds_id")}
             info.update(_generate_workload(self, args, kwargs))
+            info.update(loop.generate_info(self))
         except Exception:
             pass
+        gather = None
+        if _variant_name() == "gather-once" and info.get("zero3_partitioned"):
+            gather = _safe(_gather_once_context, self)
+            info["gather_once"] = "applied" if not isinstance(gather, str) and gather is not None else \
+                (gather or "observer error")
+            if isinstance(gather, str):
+                gather = None
         token = _safe(rec.begin, "generate", api="generate", **info)
         if token is None:
             return original(self, *args, **kwargs)
+        counter = _safe(loop.ForwardCounter, self)
+        stack = contextlib.ExitStack()
+        if gather is not None:
+            try:
+                stack.enter_context(gather)
+            except Exception as exc:  # the variant could not start: generate as the script asked
+                _safe(rec.write, "observer_error", where="gather-once", error=repr(exc))
         try:
-            out = original(self, *args, **kwargs)
+            with stack:
+                out = original(self, *args, **kwargs)
         except BaseException as exc:
-            _safe(rec.end, token, error=exc)
+            _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
             raise
-        _safe(rec.end, token, **(_safe(_generated_tokens, out, info) or {}))
+        extra = {"forwards": counter.close() if counter else None}
+        extra.update(_safe(_generated_tokens, out, info) or {})
+        _safe(rec.end, token, **extra)
         return out
 
     generate._dsdoctor = True
     cls.generate = generate
+
+
+def _gather_once_context(model):
+    """The ab variant gather-once: a context for this generate, or the reason it does not apply."""
+    from dsdoctor.trace.observer import gather_once
+
+    engine = loop.engine_of(model)
+    reason = gather_once.why_not(engine, model)
+    return reason if reason else gather_once.gathered_for_generation(engine)
 
 
 def _patch_hf_deepspeed(mod):

@@ -1,0 +1,314 @@
+"""Parameter inventories from config.json alone (no torch), one builder per architecture family.
+
+Each builder lists the tensors transformers 5 registers for that ``model_type`` (names, shapes, order of
+registration, tied lm_head, biases and norms), so ``--counts formula`` matches the meta-device count
+exactly (``tests/test_model_formulas.py`` builds both for public configs). An architecture without a
+builder gets the Llama-style formula, marked ``formula-approx``.
+"""
+from __future__ import annotations
+
+from dsdoctor.model.inventory import Inventory, Param, kind_of, layer_of
+
+# transformers' config defaults for tie_word_embeddings where they are True
+TIE_DEFAULT_TRUE = {"gemma", "gemma2", "gpt2", "bloom", "falcon", "mpt", "opt", "starcoder2", "gpt_bigcode"}
+LLAMA_EXACT = {"llama", "mistral", "mixtral", "qwen2"}  # the Llama formula (inventory.from_formula) is exact
+
+
+def text_config(raw: dict) -> dict:
+    return raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+
+
+def tied(raw: dict) -> bool:
+    default = str(raw.get("model_type", "")) in TIE_DEFAULT_TRUE
+    text = text_config(raw)
+    value = raw.get("tie_word_embeddings", text.get("tie_word_embeddings"))
+    return default if value is None else bool(value)
+
+
+class _Builder:
+    def __init__(self):
+        self.params: list[Param] = []
+
+    def add(self, module: str, shape: tuple, cls: str = "Linear", bias: bool = False, bias_shape=None,
+            name: str = "weight"):
+        n = 1
+        for s in shape:
+            n *= s
+        full = f"{module}.{name}"
+        self.params.append(Param(full, module, n, tuple(shape), kind_of(module, cls, len(shape)), layer_of(full)))
+        if bias:
+            b = bias_shape or (shape[0],)
+            self.params.append(Param(f"{module}.bias", module, b[0], tuple(b), kind_of(module, cls, 1),
+                                     layer_of(f"{module}.bias")))
+
+    def norm(self, module: str, h: int, bias: bool = False, cls: str = "LayerNorm"):
+        self.add(module, (h,), cls, bias)
+
+    def inventory(self, raw: dict, owner: str, head: str = "lm_head", head_bias: int = 0) -> Inventory:
+        pairs = []
+        if tied(raw):
+            pairs.append((head, owner))
+        else:
+            vocab = next(p for p in self.params if p.module == owner).shape
+            self.add(head, (vocab[0], vocab[1]), "Linear", bool(head_bias), (head_bias,) if head_bias else None)
+        return Inventory(self.params, tied=pairs, counted_by="formula")
+
+
+def _i(cfg: dict, *keys, default=None):
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return v
+    return default
+
+
+def _llama_family(spec, raw: dict) -> Inventory:
+    """gemma, gemma2, qwen3, phi3, starcoder2, qwen2_moe: the Llama layout with each family's changes."""
+    c = text_config(raw)
+    t = spec.model_type
+    h, nh, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    inter = spec.intermediate_size
+    b = _Builder()
+    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
+    bias = bool(c.get("attention_bias", False)) or t == "qwen2_moe"
+    if t == "starcoder2":
+        bias = bool(c.get("use_bias", True))
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        if t == "phi3":
+            b.add(f"{p}.self_attn.o_proj", (h, nh * hd))
+            b.add(f"{p}.self_attn.qkv_proj", ((nh + 2 * kv) * hd, h))
+        else:
+            b.add(f"{p}.self_attn.q_proj", (nh * hd, h), bias=bias)
+            b.add(f"{p}.self_attn.k_proj", (kv * hd, h), bias=bias)
+            b.add(f"{p}.self_attn.v_proj", (kv * hd, h), bias=bias)
+            b.add(f"{p}.self_attn.o_proj", (h, nh * hd), bias=bias and t != "qwen2_moe")
+        if t == "qwen3":
+            b.norm(f"{p}.self_attn.q_norm", hd, cls="Qwen3RMSNorm")
+            b.norm(f"{p}.self_attn.k_norm", hd, cls="Qwen3RMSNorm")
+        if t == "phi3":
+            b.add(f"{p}.mlp.gate_up_proj", (2 * inter, h))
+            b.add(f"{p}.mlp.down_proj", (h, inter))
+        elif t == "starcoder2":
+            b.add(f"{p}.mlp.c_fc", (inter, h), bias=bias)
+            b.add(f"{p}.mlp.c_proj", (h, inter), bias=bias)
+        elif t == "qwen2_moe" and _moe_layer(c, i):
+            experts = int(c.get("num_experts", 60))
+            moe = int(c.get("moe_intermediate_size", 1408))
+            shared = int(c.get("shared_expert_intermediate_size", 5632))
+            b.add(f"{p}.mlp.gate", (experts, h))
+            b.add(f"{p}.mlp.experts", (experts, 2 * moe, h), "Experts", name="gate_up_proj")
+            b.add(f"{p}.mlp.experts", (experts, h, moe), "Experts", name="down_proj")
+            b.add(f"{p}.mlp.shared_expert.gate_proj", (shared, h))
+            b.add(f"{p}.mlp.shared_expert.up_proj", (shared, h))
+            b.add(f"{p}.mlp.shared_expert.down_proj", (h, shared))
+            b.add(f"{p}.mlp.shared_expert_gate", (1, h))
+        else:
+            b.add(f"{p}.mlp.gate_proj", (inter, h))
+            b.add(f"{p}.mlp.up_proj", (inter, h))
+            b.add(f"{p}.mlp.down_proj", (h, inter))
+        norm_bias = t == "starcoder2"
+        b.norm(f"{p}.input_layernorm", h, norm_bias, "RMSNorm")
+        b.norm(f"{p}.post_attention_layernorm", h, norm_bias, "RMSNorm")
+        if t == "gemma2":
+            b.norm(f"{p}.pre_feedforward_layernorm", h, cls="RMSNorm")
+            b.norm(f"{p}.post_feedforward_layernorm", h, cls="RMSNorm")
+    b.norm("model.norm", h, t == "starcoder2", "RMSNorm")
+    return b.inventory(raw, "model.embed_tokens")
+
+
+def _moe_layer(c: dict, i: int) -> bool:
+    step = int(c.get("decoder_sparse_step", 1) or 1)
+    return i not in (c.get("mlp_only_layers") or []) and int(c.get("num_experts", 60)) > 0 and (i + 1) % step == 0
+
+
+def _gpt2(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h = spec.hidden_size
+    inner = c.get("n_inner") or 4 * h
+    b = _Builder()
+    b.add("transformer.wte", (spec.vocab_size, h), "Embedding")
+    b.add("transformer.wpe", (int(_i(c, "n_positions", "max_position_embeddings", default=1024)), h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"transformer.h.{i}"
+        b.norm(f"{p}.ln_1", h, True)
+        for mod, shape in ((f"{p}.attn.c_attn", (h, 3 * h)), (f"{p}.attn.c_proj", (h, h))):
+            b.add(mod, shape, "Conv1D", True, (shape[1],))
+        b.norm(f"{p}.ln_2", h, True)
+        for mod, shape in ((f"{p}.mlp.c_fc", (h, inner)), (f"{p}.mlp.c_proj", (inner, h))):
+            b.add(mod, shape, "Conv1D", True, (shape[1],))
+    b.norm("transformer.ln_f", h, True)
+    return b.inventory(raw, "transformer.wte")
+
+
+def _gpt_neox(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h, inter = spec.hidden_size, spec.intermediate_size
+    attn_bias = bool(c.get("attention_bias", True))
+    b = _Builder()
+    b.add("gpt_neox.embed_in", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"gpt_neox.layers.{i}"
+        b.norm(f"{p}.input_layernorm", h, True)
+        b.norm(f"{p}.post_attention_layernorm", h, True)
+        b.add(f"{p}.attention.query_key_value", (3 * h, h), bias=attn_bias)
+        b.add(f"{p}.attention.dense", (h, h), bias=attn_bias)
+        b.add(f"{p}.mlp.dense_h_to_4h", (inter, h), bias=True)
+        b.add(f"{p}.mlp.dense_4h_to_h", (h, inter), bias=True)
+    b.norm("gpt_neox.final_layer_norm", h, True)
+    return b.inventory(raw, "gpt_neox.embed_in")
+
+
+def _bloom(spec, raw: dict) -> Inventory:
+    h = spec.hidden_size
+    b = _Builder()
+    b.add("transformer.word_embeddings", (spec.vocab_size, h), "Embedding")
+    b.norm("transformer.word_embeddings_layernorm", h, True)
+    for i in range(spec.num_layers):
+        p = f"transformer.h.{i}"
+        b.norm(f"{p}.input_layernorm", h, True)
+        b.add(f"{p}.self_attention.query_key_value", (3 * h, h), bias=True)
+        b.add(f"{p}.self_attention.dense", (h, h), bias=True)
+        b.norm(f"{p}.post_attention_layernorm", h, True)
+        b.add(f"{p}.mlp.dense_h_to_4h", (4 * h, h), bias=True)
+        b.add(f"{p}.mlp.dense_4h_to_h", (h, 4 * h), bias=True)
+    b.norm("transformer.ln_f", h, True)
+    return b.inventory(raw, "transformer.word_embeddings")
+
+
+def falcon_kv_heads(c: dict, heads: int) -> int:
+    if c.get("new_decoder_architecture"):
+        return int(c.get("num_kv_heads") or heads)
+    return 1 if c.get("multi_query", True) else heads
+
+
+def _falcon(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h, nh = spec.hidden_size, spec.num_heads
+    hd = h // nh
+    bias = bool(c.get("bias", False))
+    new = bool(c.get("new_decoder_architecture", False))
+    if new:
+        qkv = (int(c.get("num_kv_heads") or nh) * 2 + nh) * hd
+    elif c.get("multi_query", True):
+        qkv = h + 2 * hd
+    else:
+        qkv = 3 * h
+    ffn = int(c.get("ffn_hidden_size") or 4 * h)
+    parallel = bool(c.get("parallel_attn", True))
+    n_ln = c.get("num_ln_in_parallel_attn") or (2 if new else None)
+    b = _Builder()
+    b.add("transformer.word_embeddings", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"transformer.h.{i}"
+        b.add(f"{p}.self_attention.query_key_value", (qkv, h), "FalconLinear", bias)
+        b.add(f"{p}.self_attention.dense", (h, h), "FalconLinear", bias)
+        b.add(f"{p}.mlp.dense_h_to_4h", (ffn, h), "FalconLinear", bias)
+        b.add(f"{p}.mlp.dense_4h_to_h", (h, ffn), "FalconLinear", bias)
+        if not parallel:
+            b.norm(f"{p}.post_attention_layernorm", h, True)
+            b.norm(f"{p}.input_layernorm", h, True)
+        elif n_ln == 2:
+            b.norm(f"{p}.ln_attn", h, True)
+            b.norm(f"{p}.ln_mlp", h, True)
+        else:
+            b.norm(f"{p}.input_layernorm", h, True)
+    b.norm("transformer.ln_f", h, True)
+    return b.inventory(raw, "transformer.word_embeddings")
+
+
+def _opt(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h, ffn = spec.hidden_size, int(_i(c, "ffn_dim", default=4 * spec.hidden_size))
+    proj = int(c.get("word_embed_proj_dim") or h)
+    bias = bool(c.get("enable_bias", True))
+    affine = bool(c.get("layer_norm_elementwise_affine", True))
+    b = _Builder()
+    b.add("model.decoder.embed_tokens", (spec.vocab_size, proj), "Embedding")
+    b.add("model.decoder.embed_positions", (int(c.get("max_position_embeddings", 2048)) + 2, h),
+          "OPTLearnedPositionalEmbedding")
+    if proj != h:
+        b.add("model.decoder.project_out", (proj, h))
+        b.add("model.decoder.project_in", (h, proj))
+    if c.get("do_layer_norm_before", True) and not c.get("_remove_final_layer_norm", False) and affine:
+        b.norm("model.decoder.final_layer_norm", h, True)
+    for i in range(spec.num_layers):
+        p = f"model.decoder.layers.{i}"
+        for name in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            b.add(f"{p}.self_attn.{name}", (h, h), bias=bias)
+        if affine:
+            b.norm(f"{p}.self_attn_layer_norm", h, True)
+        b.add(f"{p}.fc1", (ffn, h), bias=bias)
+        b.add(f"{p}.fc2", (h, ffn), bias=bias)
+        if affine:
+            b.norm(f"{p}.final_layer_norm", h, True)
+    return b.inventory(raw, "model.decoder.embed_tokens")
+
+
+def _gptj(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h = spec.hidden_size
+    inner = c.get("n_inner") or 4 * h
+    b = _Builder()
+    b.add("transformer.wte", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"transformer.h.{i}"
+        b.norm(f"{p}.ln_1", h, True)
+        for name in ("k_proj", "v_proj", "q_proj", "out_proj"):
+            b.add(f"{p}.attn.{name}", (h, h))
+        b.add(f"{p}.mlp.fc_in", (inner, h), bias=True)
+        b.add(f"{p}.mlp.fc_out", (h, inner), bias=True)
+    b.norm("transformer.ln_f", h, True)
+    return b.inventory(raw, "transformer.wte", head_bias=spec.vocab_size)
+
+
+def _mpt(spec, raw: dict) -> Inventory:
+    h = spec.hidden_size
+    b = _Builder()
+    b.add("transformer.wte", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"transformer.blocks.{i}"
+        b.norm(f"{p}.norm_1", h)
+        b.add(f"{p}.attn.Wqkv", (3 * h, h))
+        b.add(f"{p}.attn.out_proj", (h, h))
+        b.norm(f"{p}.norm_2", h)
+        b.add(f"{p}.ffn.up_proj", (4 * h, h))
+        b.add(f"{p}.ffn.down_proj", (h, 4 * h))
+    b.norm("transformer.norm_f", h)
+    return b.inventory(raw, "transformer.wte")
+
+
+def _phi(spec, raw: dict) -> Inventory:
+    c = text_config(raw)
+    h, nh, kv, hd, inter = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size
+    b = _Builder()
+    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        b.add(f"{p}.self_attn.q_proj", (nh * hd, h), bias=True)
+        b.add(f"{p}.self_attn.k_proj", (kv * hd, h), bias=True)
+        b.add(f"{p}.self_attn.v_proj", (kv * hd, h), bias=True)
+        b.add(f"{p}.self_attn.dense", (h, nh * hd), bias=True)
+        if c.get("qk_layernorm"):
+            b.norm(f"{p}.self_attn.q_layernorm", hd, True)
+            b.norm(f"{p}.self_attn.k_layernorm", hd, True)
+        b.add(f"{p}.mlp.fc1", (inter, h), bias=True)
+        b.add(f"{p}.mlp.fc2", (h, inter), bias=True)
+        b.norm(f"{p}.input_layernorm", h, True)
+    b.norm("model.final_layernorm", h, True)
+    return b.inventory(raw, "model.embed_tokens", head_bias=spec.vocab_size)
+
+
+BUILDERS = {
+    "gemma": _llama_family, "gemma2": _llama_family, "qwen3": _llama_family, "phi3": _llama_family,
+    "starcoder2": _llama_family, "qwen2_moe": _llama_family,
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "opt": _opt, "gptj": _gptj,
+    "mpt": _mpt, "phi": _phi,
+}
+EXACT_TYPES = LLAMA_EXACT | set(BUILDERS)
+
+
+def formula_inventory(spec) -> Inventory | None:
+    """The exact formula inventory for ``spec.model_type``, or None when there is no builder for it."""
+    builder = BUILDERS.get(spec.model_type)
+    return builder(spec, spec.raw) if builder else None
