@@ -47,7 +47,7 @@ WHEEL_PY ?= 3.12
 GPUS ?= 1
 
 .PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-loading gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare \
-	gpu-bench-config gpu-bench-rlloop
+	gpu-bench-config gpu-bench-rlloop gpu-bench-counters
 
 gpu-wheels:
 	mkdir -p $(WHL) $(WHL)/.src
@@ -74,6 +74,10 @@ gpu-bench-trace: gpu-site
 
 gpu-bench-trace-ab: gpu-site
 	$(GPU_ENV) python3 bench/trace/run_gpu.py $(OUT)/trace --budget 340 --steps ab-2gpu,traced
+
+gpu-bench-counters:  # no DeepSpeed needed: torch (CUDA) and transformers from the image
+	mkdir -p $(OUT)
+	PYTHONPATH=$(CURDIR)/src python3 bench/trace/counters_gpu.py --pairs 5 | tee $(OUT)/counters.json
 
 gpu-bench-compare: gpu-site
 	$(GPU_ENV) bash bench/compare/run_gpu.sh $(OUT)/compare

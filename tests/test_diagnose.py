@@ -24,6 +24,9 @@ def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html  # the plan chart is embedded
     assert (out / "report.md").read_text().startswith("# dsdoctor diagnosis")
+    assert "**bundled example**" in (out / "report.md").read_text()  # never mistaken for the user's setup
+    assert data["sources"] == {"config": "bundled example", "model": "bundled example",
+                               "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"]
 
 

@@ -1,7 +1,5 @@
 import json
 
-import pytest
-
 from tests.helpers import run_cli
 
 
@@ -25,16 +23,14 @@ def test_env_text_and_markdown_with_ops():
 
 
 def test_env_reports_ram_held_by_leaked_deepspeed_shm(tmp_path):
+    """In a shared-memory directory of its own (DSDOCTOR_SHM_DIR): another job's files in /dev/shm, or
+    another suite's cleanup of ours, cannot change what this test sees."""
     import os
-    from pathlib import Path
 
-    leaked = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_2_0")
-    if not leaked.parent.is_dir():
-        pytest.skip("no /dev/shm")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    leaked = shm / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_2_0"
     leaked.write_bytes(b"\0" * 3 * 2**20)
-    try:
-        data = json.loads(run_cli("env", "--format", "json", "--no-ops").stdout)
-        assert data["leaked_shm_bytes"] >= 3 * 2**20
-        assert any("DeepSpeed CPU all-reduce workspace" in n and "rm /dev/shm/" in n for n in data["notes"])
-    finally:
-        leaked.unlink(missing_ok=True)
+    data = json.loads(run_cli("env", "--format", "json", "--no-ops", env={"DSDOCTOR_SHM_DIR": str(shm)}).stdout)
+    assert data["leaked_shm_bytes"] == 3 * 2**20
+    assert any("DeepSpeed CPU all-reduce workspace" in n and f"rm {shm}/" in n for n in data["notes"])

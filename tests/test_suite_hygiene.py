@@ -8,25 +8,35 @@ from pathlib import Path
 
 import pytest
 
-from dsdoctor.proctree import SHM_DIR, alive, unlink_leaked_deepspeed_shm
+from dsdoctor import proctree
+from dsdoctor.proctree import alive
 from tests.helpers import run_process
 
 
-@pytest.mark.skipif(not Path(SHM_DIR).is_dir(), reason="no /dev/shm")
-def test_leaked_deepspeed_shm_is_unlinked_and_a_mapped_one_is_kept():
-    prefix = Path(SHM_DIR) / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1"
+def test_leaked_deepspeed_shm_is_unlinked_and_a_mapped_one_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(proctree, "SHM_DIR", str(tmp_path))  # a directory of its own: no other job's files
+    prefix = tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1"
     live, dead = Path(f"{prefix}_0"), Path(f"{prefix}_1")
     for path in (live, dead):
         path.write_bytes(b"\0" * 8192)
     fd = os.open(live, os.O_RDWR)
     mapping = mmap.mmap(fd, 8192)
     try:
-        assert unlink_leaked_deepspeed_shm() >= 8192
+        assert proctree.unlink_leaked_deepspeed_shm() == 8192
         assert live.exists() and not dead.exists()
     finally:
         mapping.close()
         os.close(fd)
-    assert unlink_leaked_deepspeed_shm() >= 8192 and not live.exists()
+    assert proctree.unlink_leaked_deepspeed_shm() == 8192 and not live.exists()
+
+
+def test_shm_files_of_one_launch_are_told_apart_by_port(tmp_path, monkeypatch):
+    monkeypatch.setattr(proctree, "SHM_DIR", str(tmp_path))
+    for name in ("127.0.0.1_29500_0", "127.0.0.1_29500_1", "127.0.0.1_2950_0", "localhost_129500_0"):
+        (tmp_path / f"deepspeed_allreduce_buffer_{os.getuid()}_{name}").write_bytes(b"x")
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_"
+    assert proctree.deepspeed_shm_files(29500) == {prefix + "127.0.0.1_29500_0", prefix + "127.0.0.1_29500_1"}
+    assert len(proctree.deepspeed_shm_files()) == 4
 
 
 def test_timeout_ends_the_grandchildren_too():

@@ -64,10 +64,11 @@ def test_training_config_traced_and_abd_unchanged(tmp_path):
     The script raises a CUDA-style OOM inside generate when offload_param is off (a real GPU OOM cannot happen
     on the CPU), so no-offload-param must come back as an `oom` result, not a crash."""
     out = tmp_path / "ab"
-    shm_before = deepspeed_shm_files()
-    r = run_cli("ab", "-q", "--format", "json", "--timeout", "400", "-o", str(out), "--",
-                *_deepspeed("--oom-without-offload", "--no-synced-gpus"), env=deepspeed_env(), timeout=900)
-    assert deepspeed_shm_files() - shm_before == set()  # 3 launches x 2 CPU ranks, none left in /dev/shm
+    command = _deepspeed("--oom-without-offload", "--no-synced-gpus")
+    port = command[command.index("--master_port") + 1]
+    r = run_cli("ab", "-q", "--format", "json", "--timeout", "400", "-o", str(out), "--", *command,
+                env=deepspeed_env(), timeout=900)
+    assert deepspeed_shm_files(port) == set()  # 3 launches x 2 CPU ranks on this port, none left in /dev/shm
     data = json.loads(r.stdout)
     by = {v["name"]: v for v in data["variants"]}
     assert list(by) == ["as-is", "no-offload-param", "split"], r.stderr[-3000:]

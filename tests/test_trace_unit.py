@@ -241,18 +241,24 @@ def test_observer_that_cannot_record_never_breaks_the_program(tmp_path):
 
 
 def test_watchdog_ends_the_whole_tree_and_says_where(tmp_path):
+    """A script that sleeps past the timeout: a timeout (DSD318, a warning), not a hang; where it was."""
     pidfile = tmp_path / "pids"
     # the watchdog fires long after the script reaches its wait (it starts in well under a second), so what
     # is asserted is where the rank waits, not how fast a loaded machine starts Python
-    r = run_cli("trace", "-q", "--timeout", "30", "--format", "json", "-o", str(tmp_path / "t"), "--",
-                sys.executable, str(SCRIPTS / "hang_tree.py"), str(pidfile), env={"RANK": "0"}, timeout=120)
+    r = run_cli("trace", "-q", "--timeout", "30", "--format", "json", "--fail-on", "warning", "-o",
+                str(tmp_path / "t"), "--", sys.executable, str(SCRIPTS / "hang_tree.py"), str(pidfile),
+                env={"RANK": "0"}, timeout=120)
     assert r.returncode == 1, r.stderr
     data = json.loads(r.stdout)
-    assert data["status"] == "hang"
+    assert data["status"] == "timeout"
     (rank,) = data["ranks"]
-    assert rank["status"] == "hang" and rank["stopped_in"] == "before any observed call"
+    assert rank["status"] == "timeout" and rank["stopped_in"] == "before any observed call"
     assert rank["where"] == "hang_tree.py:12 in wait_for_peer, waiting in wait_for_peer"
-    assert any(f["code"] == "DSD306" for f in data["findings"])
+    assert rank["in_collective"] is False
+    codes = [f["code"] for f in data["findings"]]
+    assert "DSD318" in codes and "DSD306" not in codes
+    timeout = next(f for f in data["findings"] if f["code"] == "DSD318")
+    assert "rank 0 before any observed call (hang_tree.py:12 in wait_for_peer" in timeout["message"]
     grandchild = int(pidfile.read_text())
     assert not _running(grandchild), "the grandchild in its own session was left running"
 

@@ -20,7 +20,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.i18n import pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, write_report
+from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
 from dsdoctor.units import human_bytes
 
 STEP_TITLES = {
@@ -70,6 +70,8 @@ class DiagnoseResult:
     steps: list[Step]
     recommended_path: str | None
     lang: str = "en"
+    # where each input came from: "bundled example", "given", "captured from <api> ...", or "none"
+    sources: dict = field(default_factory=dict)
 
     @property
     def findings(self) -> list[Finding]:
@@ -84,7 +86,7 @@ class DiagnoseResult:
 
     def to_dict(self, lang: str = "en") -> dict:
         return {
-            "config": self.config, "model": self.model, "out": self.out,
+            "config": self.config, "model": self.model, "out": self.out, "sources": self.sources,
             "recommended_path": self.recommended_path,
             "report": {"markdown": str(Path(self.out) / "report.md"), "html": str(Path(self.out) / "report.html")},
             "steps": [s.to_dict(lang) for s in self.steps],
@@ -94,7 +96,11 @@ class DiagnoseResult:
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         glyph = {"done": style.ok, "skipped": "-", "failed": style.error}
-        lines = []
+        lines = [self._inputs_line(lang)]
+        if self.sources.get("config") == "bundled example":
+            lines.append("(the bundled example, not your setup: pass --config/--model, or your command after --)"
+                         if lang == "en" else "（这是内置示例，不是你的环境：请传入 --config/--model，或在 -- 之后给出你的命令）")
+        lines.append("")
         for s in self.steps:
             lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
@@ -105,7 +111,7 @@ class DiagnoseResult:
         return "\n".join(lines) + "\n"
 
     def to_markdown(self, lang: str = "en") -> str:
-        parts = [f"# {pick(TEXT['title'], lang)}\n", f"- config: `{self.config}`\n- model: `{self.model}`\n"]
+        parts = [f"# {pick(TEXT['title'], lang)}\n", self._inputs_markdown(lang)]
         if self.recommended_path:
             parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
         for s in self.steps:
@@ -121,6 +127,34 @@ class DiagnoseResult:
             if s.details_md:
                 parts.append(s.details_md.rstrip() + "\n")
         return "\n".join(parts)
+
+
+    def _source(self, key: str, lang: str) -> str:
+        src = self.sources.get(key) or "given"
+        if src == "bundled example":
+            return "bundled example" if lang == "en" else "内置示例"
+        return src
+
+    def _inputs_line(self, lang: str) -> str:
+        cfg, model = self._source("config", lang), self._source("model", lang)
+        if lang == "zh":
+            return f"配置：{self.config}（{cfg}）；模型：{self.model}（{model}）"
+        return f"config: {self.config} ({cfg}); model: {self.model} ({model})"
+
+    def _inputs_markdown(self, lang: str) -> str:
+        rows = [("config", self.config, self._source("config", lang)),
+                ("model", self.model, self._source("model", lang))]
+        if self.sources.get("workload"):
+            rows.append(("workload", self.sources["workload"], ""))
+        out = "".join(f"- {k}: `{v}`" + (f" ({src})" if src else "") + "\n" for k, v, src in rows)
+        if self.sources.get("config") == "bundled example":
+            note = ("This report is about the **bundled example** (a ZeRO-3 offload training config and a 7B "
+                    "Llama-shaped model), not about your setup: pass `--config`/`--model`, or your command after `--`."
+                    if lang == "en" else
+                    "本报告针对的是**内置示例**（一个 ZeRO-3 offload 训练配置和一个 7B Llama 形状的模型），不是你的"
+                    "环境：请传入 `--config`/`--model`，或在 `--` 之后给出你的命令。")
+            out += f"\n{note}\n"
+        return out
 
 
 def _t(en: str, zh: str) -> dict[str, str]:
@@ -201,24 +235,33 @@ def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
         f"已写出 `{final}`：相对训练配置改动 {n} 处（去掉优化器相关项，保留 stage 与 offload_param，"
         f"解析所有 \"auto\"）。ZeRO-3 推理时把它传给 `deepspeed.initialize`。",
     )
+    if n == 0:
+        summary = _t(f"Wrote `{final}`: the config is already inference-only (nothing to drop or resolve).",
+                     f"已写出 `{final}`：该配置已经是仅推理配置（没有需要去掉或解析的项）。")
     details = result.to_markdown(lang)
     return Step("split", "done", summary, list(result.findings), details,
                 data={"changes": n, "config": result.config}, artifacts=["ds_inference.json"])
 
 
-def _step_trace(command, tmp: Path, timeout, lang) -> Step:
+def _step_trace(command, tmp: Path, timeout, lang, out: Path | None = None) -> tuple[Step, object]:
     from dsdoctor.trace.api import trace
 
     result = trace(command, out=tmp / "trace", timeout=timeout)
+    if out is not None:  # paths in findings name the report directory, not the one being written
+        for f in result.findings:
+            for key, value in f.values.items():
+                if isinstance(value, str) and str(tmp) in value:
+                    f.values[key] = value.replace(str(tmp), str(out))
     seen = ", ".join(
         f"rank {r.rank}: stage {r.zero_stage}, optimizer {r.optimizer or 'none'}, "
         f"peak GPU {human_bytes(r.peak_gpu_bytes)}, peak host {human_bytes(r.peak_host_bytes)}"
         for r in result.ranks[:4]
     ) or "no rank reported"
-    summary = _t(f"Traced `{_shell(command)}`: {seen}.", f"跟踪了 `{_shell(command)}`：{seen}。")
+    summary = _t(f"Traced `{_shell(command)}` (status {result.status}): {seen}.",
+                 f"跟踪了 `{_shell(command)}`（状态 {result.status}）：{seen}。")
     artifacts = sorted(str(p.relative_to(tmp)) for p in (tmp / "trace").glob("*.png"))
     return Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
-                data={"trace": result.to_dict(lang)}, artifacts=artifacts)
+                data={"trace": result.to_dict(lang)}, artifacts=artifacts), result
 
 
 def _step_ab(command, tmp: Path, timeout, lang) -> Step:
@@ -232,8 +275,16 @@ def _step_ab(command, tmp: Path, timeout, lang) -> Step:
                 data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else [])
 
 
-def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None) -> Step:
+def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None,
+               split_written: bool = True, traced_stage: int | None = None) -> Step:
     model_arg = shlex.quote(str(model))
+    if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
+        # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
+        return Step("exit", "done", _t(
+            "Keep the plain load: the traced run does not use ZeRO-3 (stage "
+            f"{traced_stage}), and `plain` is the fastest path that fits this model and workload.",
+            f"保持普通加载：跟踪的运行没有使用 ZeRO-3（stage {traced_stage}），而 `plain` 是能容纳该模型和负载的最快方式。"),
+            data={"path": path, "merged": None})
     infer_cfg = shlex.quote(str(out / "ds_inference.json"))
     n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     compare_cmd = f"dsdoctor compare MERGED_DIR --paths plain,{'tp' if path == 'tp' else 'zero3'} --gpus {max(n, 2)}"
@@ -276,6 +327,13 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
             f"`{out / 'ds_inference.json'}`，不会再构建优化器。多 rank 时调用 "
             "`generate(..., synced_gpus=True)`，否则生成长度不同的 rank 会卡死。",
         )
+        if not split_written:  # no ZeRO config was given or captured: nothing was split
+            cmds[0] = f"deepspeed --num_gpus {n} your_infer.py   # config: {{\"zero_optimization\": {{\"stage\": 3}}, " \
+                      "\"train_micro_batch_size_per_gpu\": 1}"
+            summary = {k: v.replace(f"the split inference config `{out / 'ds_inference.json'}`",
+                                    "an inference config (stage 3, no optimizer)")
+                       .replace(f"拆分后的推理配置 `{out / 'ds_inference.json'}`", "推理配置（stage 3，无优化器）")
+                       for k, v in summary.items()}
     return Step("exit", "done", summary, commands=cmds, data={"path": path, "merged": merged})
 
 
@@ -289,35 +347,225 @@ def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
     return {"summary": summary, "merge": merged.to_dict(lang), "verify": checked.to_dict(lang)}, list(checked.findings)
 
 
-def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None, batch: int = 1,
-             prompt_len: int = 512, new_tokens: int = 128, dtype: str | None = None, checkpoint=None,
-             command: list[str] | None = None, out="dsdoctor-out", force: bool = False,
-             timeout: float | None = None, lang: str = "en", machine=None) -> DiagnoseResult:
+DEFAULT_WORKLOAD = {"batch": 1, "prompt_len": 512, "new_tokens": 128}
+ZERO_CONFIG_APIS = ("deepspeed.initialize", "HfDeepSpeedConfig")
+
+
+@dataclass
+class Captured:
+    """What a traced run handed over: its DeepSpeed config, its model, its generate workload (each may be None)."""
+    config: dict | None = None
+    config_api: str | None = None
+    config_source: str | None = None
+    model_dir: Path | None = None  # a directory holding the captured config.json, for plan and check
+    model_class: str | None = None
+    num_params: int | None = None
+    dtype: str | None = None
+    workload: dict | None = None
+    world_size: int | None = None
+    init_inference: dict | None = None  # the summary of an init_inference call (tp_size, ...)
+    stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
+    encoder_decoder: bool = False
+    unreadable: str | None = None  # why the captured config could not be read, when it could not
+
+    @classmethod
+    def from_trace(cls, traced, tmp: Path) -> Captured:
+        ranks = sorted(traced.ranks, key=lambda r: r.rank)
+        c = cls()
+        for r in ranks:
+            passed = r.config_passed or {}
+            if c.config is None and passed.get("api") in ZERO_CONFIG_APIS and isinstance(r.config_captured, dict):
+                c.config, c.config_api, c.config_source = r.config_captured, passed["api"], passed.get("source")
+            if c.init_inference is None and passed.get("api") == "deepspeed.init_inference":
+                c.init_inference = dict(passed)
+            if c.model_dir is None and r.model_captured and isinstance(r.model_captured.get("config"), dict):
+                m = r.model_captured
+                directory = tmp / "model"
+                directory.mkdir(parents=True, exist_ok=True)
+                saved = dict(m["config"])
+                if not saved.get("architectures") and m.get("model_class"):
+                    saved["architectures"] = [m["model_class"]]
+                if not (saved.get("torch_dtype") or saved.get("dtype")) and m.get("param_dtype"):
+                    saved["torch_dtype"] = m["param_dtype"]  # the dtype the run's weights really had
+                (directory / "config.json").write_text(to_json(saved), encoding="utf-8")
+                c.model_dir, c.model_class, c.num_params = directory, m.get("model_class"), m.get("num_params")
+                c.encoder_decoder = bool(m.get("is_encoder_decoder"))
+                c.dtype = _DTYPES.get(str(m.get("param_dtype")))
+            if c.workload is None and r.workload:
+                c.workload = r.workload
+            c.world_size = c.world_size or r.world_size
+            if c.stage is None:
+                configured = (r.config_passed or {}).get("stage")
+                c.stage = r.zero_stage if r.zero_stage is not None else configured if isinstance(configured, int) \
+                    else None
+        if c.stage is None and ranks:
+            c.stage = 0  # the run built no DeepSpeed engine and passed no stage: nothing is partitioned
+            if c.dtype is None or r.dtype:
+                c.dtype = r.dtype or c.dtype
+        if c.config is not None:
+            (tmp / "ds_config_captured.json").write_text(to_json(c.config), encoding="utf-8")
+        return c
+
+    def config_file(self) -> str | None:
+        """The file the run read its config from, when it still says what the run passed (checks then name it)."""
+        src = self.config_source
+        if not src or src == "dict" or not Path(src).is_file():
+            return None
+        try:
+            from dsdoctor.config.load import load_config
+
+            return src if load_config(src).raw == self.config else None
+        except Exception:
+            return None
+
+    def config_text(self) -> str:
+        src = self.config_source if self.config_source not in (None, "dict") else "a dict built in the script"
+        return f"captured from {self.config_api}: {src}"
+
+    def model_text(self) -> str:
+        n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
+        return f"captured from the run: {self.model_class or 'model'}, {n}"
+
+
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _unreadable_model(directory: Path) -> str | None:
+    """None when dsdoctor can read the captured config.json as a model spec, else the problem."""
+    from dsdoctor.model.spec import load_model_spec
+
+    try:
+        load_model_spec(directory)
+    except InputError as exc:
+        return exc.problem
+    return None
+
+
+def _workload_value(given, captured: dict | None, key: str) -> tuple[int, str]:
+    """A workload number and where it came from: the flag, the traced generate, or the default."""
+    if given is not None:
+        return given, "given"
+    value = (captured or {}).get(key)
+    if isinstance(value, int) and value > 0:
+        return value, "captured"
+    return DEFAULT_WORKLOAD[key], "default"
+
+
+def _skipped(key: str, en: str, zh: str, commands: list[str] | None = None) -> Step:
+    return Step(key, "skipped", _t(f"Skipped: {en}.", f"已跳过：{zh}。"), commands=commands or [])
+
+
+def _no_config_reason(captured: Captured | None) -> tuple[str, str]:
+    if captured is not None and captured.init_inference is not None:
+        tp = captured.init_inference.get("tp_size") or 1
+        return (f"the run passes its config to deepspeed.init_inference (tensor parallel size {tp}), an inference "
+                "config that neither the config doctor nor split applies to",
+                f"该运行把配置交给 deepspeed.init_inference（张量并行 {tp}），这是推理配置，配置检查和 split 都不适用")
+    if captured is not None and captured.unreadable:
+        return (f"the config the run passed cannot be read ({captured.unreadable})",
+                f"无法读取该运行传入的配置（{captured.unreadable}）")
+    if captured is not None:
+        return ("the run passed no config to deepspeed.initialize or HfDeepSpeedConfig; pass --config to check one",
+                "该运行没有把配置交给 deepspeed.initialize 或 HfDeepSpeedConfig；可用 --config 指定要检查的配置")
+    return ("no config", "没有配置")
+
+
+def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,
+             batch: int | None = None, prompt_len: int | None = None, new_tokens: int | None = None,
+             dtype: str | None = None, checkpoint=None, command: list[str] | None = None, out="dsdoctor-out",
+             force: bool = False, timeout: float | None = None, lang: str = "en",
+             machine=None) -> DiagnoseResult:
     """Run the troubleshooting and write ``out/report.{md,html,json}`` plus the split inference config.
 
-    Without ``config`` and ``model`` it runs on the bundled example (a ZeRO-3 offload training config reused
-    for inference, and a 7B Llama-shaped config.json)."""
-    if config is None and model is None:
+    With a ``command`` it reports on that run: what the run handed to DeepSpeed (the config captured at
+    deepspeed.initialize / HfDeepSpeedConfig), the model it built and the batch and lengths it generated with
+    stand in for ``config``, ``model`` and the workload wherever those are not given. Without a command,
+    ``config`` and ``model`` are needed; with neither (and no command) it runs on the bundled example (a ZeRO-3
+    offload training config reused for inference, and a 7B Llama-shaped config.json), and says so."""
+    sources: dict = {}
+    if command is None and config is None and model is None:
         config, model = bundled_example()
-    elif config is None:
-        raise InputError("diagnose needs --config (the DeepSpeed config your inference uses)")
-    elif model is None:
-        raise InputError("diagnose needs --model (a local model directory or its config.json)")
+        sources = {"config": "bundled example", "model": "bundled example"}
+    elif command is None and config is None:
+        raise InputError("diagnose needs --config (the DeepSpeed config your inference uses), or your command "
+                         "after -- to capture it from the run")
+    elif command is None and model is None:
+        raise InputError("diagnose needs --model (a local model directory or its config.json), or your command "
+                         "after -- to capture it from the run")
     out = Path(out)
     steps: list[Step] = []
     from dsdoctor.config.load import load_config
 
-    loaded = load_config(config)  # read once: check, plan and split share it (and its effective readings)
+    # read once: check, plan and split share it (and its effective readings); a captured one is read below
+    loaded = load_config(config) if config is not None else None
     with atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
-        step, _ = _step_effective(loaded, model, gpus, lang)
-        steps.append(step)
-        # plan before running anything: bad workload flags must fail before the user's command has run
-        plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, batch, prompt_len,
-                                            new_tokens, dtype, tmp, lang, machine)
+        if model is not None and command:
+            # plan before running anything: bad workload flags must fail before the user's command has run
+            from dsdoctor.plan.api import plan
+
+            plan(model, batch=batch or 1, prompt_len=prompt_len or 1, new_tokens=new_tokens or 1, dtype=dtype,
+                 gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, config=loaded)  # only flags given
+        captured, trace_step = None, None
         if command:
-            steps.append(_step_trace(command, tmp, timeout, lang))
+            trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
+            captured = Captured.from_trace(traced, tmp)
+            if config is None and captured.config is not None:
+                try:
+                    loaded = load_config(captured.config_file() or captured.config)
+                    config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
+                except InputError as exc:  # the run's config is beyond reading: report the run without it
+                    captured.unreadable = exc.problem
+            if model is None and captured.model_dir is not None:
+                problem = _unreadable_model(captured.model_dir)
+                if problem is None and captured.encoder_decoder:
+                    problem = "an encoder-decoder model; plan models decoder-only LLMs"
+                if problem is None:
+                    model, sources["model"] = captured.model_dir, captured.model_text()
+                else:
+                    sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
+        if config is None:
+            sources["config"] = _no_config_reason(captured)[0]
+        sources.setdefault("config", "given")
+        sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
+        wl = _workload(batch, prompt_len, new_tokens, captured.workload if captured else None,
+                       _max_positions(model) if sources["model"].startswith("captured") else None)
+        sources["workload"] = f"batch {wl[0]}, prompt {wl[1]} tokens, {wl[2]} new tokens ({wl[3]})"
+        if gpus is None and captured is not None and captured.world_size and sources["model"] != "given":
+            gpus = captured.world_size
+        if dtype is None and captured is not None and sources["model"].startswith("captured"):
+            dtype = captured.dtype
+
+        config_is_zero = config is not None
+        if config_is_zero:
+            step, _ = _step_effective(loaded, model, gpus, lang)
+        else:
+            en, zh = _no_config_reason(captured)
+            step = _skipped("effective", en, zh)
+        steps.append(step)
+        if trace_step is not None:
+            steps.append(trace_step)
+        plan_result = None
+        if model is not None:
+            try:
+                plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, wl[0], wl[1], wl[2],
+                                                    dtype, tmp, lang, machine)
+            except InputError as exc:
+                if sources["model"] == "given":
+                    raise
+                plan_step = _skipped("need-zero3", f"plan failed for the model the run built ({exc.problem})",
+                                     f"plan 无法为该运行构建的模型做规划（{exc.problem}）")
+        elif captured is not None and captured.model_dir is not None:  # captured, but not a model plan can take
+            plan_step = _skipped("need-zero3", f"the run's model is {sources['model']}",
+                                 f"该运行的模型：{sources['model']}")
+        else:
+            plan_step = _skipped("need-zero3", "the run built no model dsdoctor could read (pass --model)",
+                                 "该运行没有构建可读取的模型（请传入 --model）")
         steps.append(plan_step)
-        steps.append(_step_split(loaded, model, tmp, out, lang))
+        if config_is_zero:
+            steps.append(_step_split(loaded, model, tmp, out, lang))
+        else:
+            en, zh = _no_config_reason(captured)
+            steps.append(_skipped("split", en, zh))
         if command and _cuda_available():
             steps.append(_step_ab(command, tmp, timeout, lang))
         else:
@@ -326,16 +574,54 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             run = f"dsdoctor ab --out ab -- {_shell(command) if command else 'python your_infer.py'}"
             steps.append(Step("ab", "skipped", _t(f"Skipped: {why['en']}.", f"已跳过：{why['zh']}。"),
                               commands=[run]))
-        path = plan_result.recommended.path
-        merged, merge_findings = None, []
-        if checkpoint and (path in (None, "plain", "tp")):
-            merged, merge_findings = _merge(checkpoint, model, tmp, lang)
-        exit_step = _exit_step(path, plan_result, model, checkpoint, out, gpus, merged)
-        exit_step.findings += merge_findings
+        path = plan_result.recommended.path if plan_result is not None else None
+        shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
+            model == captured.model_dir else model
+        if plan_result is not None:
+            merged, merge_findings = None, []
+            if checkpoint and (path in (None, "plain", "tp")):
+                merged, merge_findings = _merge(checkpoint, model, tmp, lang)
+            exit_step = _exit_step(path, plan_result, shown_model, checkpoint, out, gpus, merged,
+                                   split_written=config_is_zero, traced_stage=captured.stage if captured else None)
+            exit_step.findings += merge_findings
+        else:
+            exit_step = _skipped("exit", "the way out needs the plan of step 2", "解决方案需要第 2 步的 plan")
         steps.append(exit_step)
-        result = DiagnoseResult(str(config), str(model), str(out), steps, path, lang)
+        shown_config = config if not isinstance(config, dict) else out / "ds_config_captured.json"
+        result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",
+                                str(shown_model) if shown_model is not None else "none", str(out), steps, path, lang,
+                                sources)
         write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
+
+
+def _max_positions(model) -> int | None:
+    try:
+        from dsdoctor.model.spec import load_model_spec
+
+        value = load_model_spec(model).max_position_embeddings
+    except Exception:
+        return None
+    return value if isinstance(value, int) and value > 1 else None
+
+
+def _workload(batch, prompt_len, new_tokens, captured: dict | None,
+              max_positions: int | None = None) -> tuple[int, int, int, str]:
+    """(batch, prompt, new tokens, where they came from). Defaults that do not fit a captured model's context
+    (a run that never called generate, with a small model) shrink to fit: 3/4 prompt, 1/4 new tokens."""
+    b, bs = _workload_value(batch, captured, "batch")
+    p, ps = _workload_value(prompt_len, captured, "prompt_len")
+    n, ns = _workload_value(new_tokens, captured, "new_tokens")
+    if max_positions and p + n > max_positions:
+        if ps == "default":
+            p = max(1, min(p, (max_positions * 3) // 4 - (0 if ns == "default" else n)))
+        if ns == "default":
+            n = max(1, min(n, max_positions - p))
+    kinds = {bs, ps, ns}
+    how = "from the run" if kinds == {"captured"} else "defaults" if kinds == {"default"} else \
+        "given" if kinds == {"given"} else ", ".join(f"{k} {v}" for k, v in
+                                                        (("batch", bs), ("prompt", ps), ("new tokens", ns)))
+    return b, p, n, how
 
 
 def diagnose_exit_code(result: DiagnoseResult, fail_on: str) -> int:

@@ -23,7 +23,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, one_line
 from dsdoctor.i18n import pick
 
 SEVERITIES = ("info", "warning", "error")  # ascending
@@ -137,10 +137,11 @@ class Finding:
         return value
 
     def message(self, lang: str = "en") -> str:
-        return pick(self.rule.message, lang).format_map(_Values(self.localized_values(lang)))
+        # values come from untrusted files: one line, control characters escaped
+        return one_line(pick(self.rule.message, lang).format_map(_Values(self.localized_values(lang))))
 
     def fix(self, lang: str = "en") -> str:
-        return pick(self.rule.fix, lang).format_map(_Values(self.localized_values(lang)))
+        return one_line(pick(self.rule.fix, lang).format_map(_Values(self.localized_values(lang))))
 
     def to_dict(self, lang: str = "en") -> dict:
         return {

@@ -21,7 +21,8 @@ def register(sub):
         sub, "ab", "run your command once per DeepSpeed config variant and diagnose the difference", EXAMPLES,
         description="Run COMMAND once per variant, with the DeepSpeed config rewritten in-process where it reaches "
                     "deepspeed.initialize / HfDeepSpeedConfig (your files are untouched). An OOM or a hang in a "
-                    "variant is a result, not a crash.",
+                    "variant is a result, not a crash. When the config never reaches those calls (init_inference, "
+                    "no DeepSpeed), ab says the variants cannot be applied (DSD320, exit 1) and stops after as-is.",
     )
     p.add_argument("--variants", default=None,
                    help=f"comma-separated, from: {', '.join(KNOWN)} (default: {','.join(DEFAULT_VARIANTS)}; when "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dsdoctor.errors import one_line, printable_block
 from dsdoctor.i18n import LANGS, default_lang
 from dsdoctor.report.render import FORMATS, render
 
@@ -69,9 +70,12 @@ def lang_of(args) -> str:
 
 
 def emit(result, args) -> None:
-    sys.stdout.write(render(result, args.format, lang_of(args), sys.stdout))
+    text = render(result, args.format, lang_of(args), sys.stdout)
+    if args.format != "json":  # JSON escapes control characters itself
+        text = printable_block(text)
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 
 def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    print(one_line(msg), file=sys.stderr, flush=True)

@@ -21,7 +21,8 @@ EXAMPLES = """\
   DS_ACCELERATOR=cpu dsdoctor compare ./tiny-model               # on a machine without GPUs
 prompt file: one prompt per line, a JSON list of token ids ([1, 450, 4996]), {"ids": [...]}, {"text": "..."}
   or plain text (text needs a tokenizer in MODEL_DIR); default: 4 seeded token-id prompts
-exit codes: 0 every prompt matches (near-ties explained), 1 a real mismatch or a failed load path, 2 bad input"""
+exit codes: 0 every prompt matches (near-ties explained), 1 a real mismatch, logits beyond tolerance (even with
+  the same tokens) or a failed load path, 2 bad input"""
 
 
 def register(sub):
@@ -47,6 +48,8 @@ def register(sub):
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up on a load path after S seconds")
     add_quiet_flag(p, "no progress")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="on the CPU accelerator, allow more ranks than usable CPU cores (refused by default)")
     add_output_flags(p)
     p.set_defaults(func=run)
 
@@ -57,7 +60,7 @@ def run(args) -> int:
     result = compare(
         args.model_dir, args.model_dir_b, paths=args.paths, gpus=args.gpus, prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, force=args.force,
-        timeout=args.timeout, progress=None if args.quiet else log,
+        timeout=args.timeout, progress=None if args.quiet else log, oversubscribe=args.oversubscribe,
     )
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

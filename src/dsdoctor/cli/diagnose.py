@@ -12,6 +12,7 @@ from dsdoctor.cli.common import (
 )
 
 EXAMPLES = """\
+  dsdoctor diagnose -- deepspeed --num_gpus 2 infer.py   # on what the run passes: its config, model and workload
   dsdoctor diagnose                                   # the bundled example: a ZeRO-3 offload training config, 7B model
   dsdoctor diagnose --config ds_z3_offload.json --model ./Llama-3.1-8B --gpus 1 --gpu-memory 80GiB
   dsdoctor diagnose --config ds.json --model ./m --checkpoint ./ckpt --out diag   # also merge + verify the shards
@@ -23,18 +24,24 @@ def register(sub):
         sub, "diagnose", "run the whole troubleshooting and write one report", EXAMPLES,
         description="Walk the troubleshooting in order: what takes effect (check, trace), whether inference needs "
                     "ZeRO-3 (plan), the inference config (split), the A/B peak (ab), and the way out (merge + plain "
-                    "load, tensor parallel xor ZeRO-3, or ZeRO-3 with offload_param) with the exact commands. "
+                    "load, tensor parallel xor ZeRO-3, or ZeRO-3 with offload_param) with the exact commands. With a "
+                    "command after --, it runs on what that run passes to DeepSpeed (config, model, batch and "
+                    "lengths) unless --config/--model/--batch... say otherwise. "
                     "Writes OUT/report.md, OUT/report.html, OUT/report.json and OUT/ds_inference.json.",
     )
-    p.add_argument("--config", help="the DeepSpeed config your inference uses (default: the bundled example)")
-    p.add_argument("--model", help="local model directory or config.json (default: the bundled 7B example)")
-    add_gpus_flag(p, "detected, else 1", " for inference")
+    p.add_argument("--config", help="the DeepSpeed config your inference uses (default: the one your command "
+                                    "passes to DeepSpeed; with no command, the bundled example)")
+    p.add_argument("--model", help="local model directory or config.json (default: the model your command builds; "
+                                   "with no command, the bundled 7B example)")
+    add_gpus_flag(p, "the traced run's world size, else detected, else 1", " for inference")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
     p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: this machine's)")
-    p.add_argument("--batch", type=int, default=1, help="sequences each rank generates at once (default: 1)")
-    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default: 512)")
-    p.add_argument("--new-tokens", type=int, default=128, help="generated tokens (default: 128)")
-    add_dtype_flag(p, "weight dtype", default_text="the model's, else bf16")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences each rank generates at once (default: the traced run's, else 1)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: the traced run's, else 512)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help="generated tokens (default: the traced run's, else 128)")
+    add_dtype_flag(p, "weight dtype", default_text="the traced run's, else the model's, else bf16")
     p.add_argument("--machine", default=None, metavar="PROFILE",
                    help="machine profile from dsdoctor calibrate --out (default: this machine's cached one)")
     p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")

@@ -8,7 +8,7 @@ import os
 import sys
 
 from dsdoctor._version import __version__
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, one_line
 
 # subcommand modules, in --help order; each has register(subparsers)
 COMMANDS = ("diagnose", "check", "split", "explain", "plan", "trace", "ab", "merge", "verify", "compare", "calibrate", "env")
@@ -37,6 +37,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StdoutError(InputError):
+    """The result could not be written: stdout is closed, or the disk behind it is full."""
+
+
+def _silence_fd1() -> None:
+    """Point fd 1 at /dev/null: Python flushes stdout again at exit, and that flush must not fail twice."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+class _GuardedStdout:
+    """``sys.stdout`` during a command: a write that fails (closed stdout, ``> /dev/full``) becomes one
+    ``StdoutError`` line and exit 2 instead of a traceback; a closed pipe (``| head``) stays a quiet exit."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def _fail(self, exc: OSError | None):
+        if isinstance(exc, BrokenPipeError):
+            _silence_fd1()
+            raise exc
+        if exc is not None:
+            _silence_fd1()
+        why = "stdout is closed" if exc is None else (exc.strerror or str(exc))
+        raise StdoutError(f"cannot write the result: {why}", path="<stdout>",
+                          hint="redirect the output to a file with room, or use -o where the command has it")
+
+    def write(self, text):
+        if self._real is None:
+            self._fail(None)
+        try:
+            return self._real.write(text)
+        except OSError as exc:
+            self._fail(exc)
+        except ValueError:  # "I/O operation on closed file"
+            self._fail(None)
+
+    def flush(self):
+        if self._real is None:
+            return
+        try:
+            self._real.flush()
+        except OSError as exc:
+            self._fail(exc)
+        except ValueError:
+            pass
+
+    def __getattr__(self, name):
+        if self._real is None:
+            if name == "encoding":
+                return "utf-8"
+            if name == "isatty":
+                return lambda: False
+            raise AttributeError(name)
+        return getattr(self._real, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -47,8 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except InputError as exc:
         print(f"dsdoctor: error: {exc.one_line()}", file=sys.stderr)
         return 2
@@ -61,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DSDOCTOR_DEBUG"):
             raise
         print(
-            f"dsdoctor: internal error: {type(exc).__name__}: {exc} "
-            "(rerun with DSDOCTOR_DEBUG=1 for the traceback and report it)",
+            one_line(f"dsdoctor: internal error: {type(exc).__name__}: {exc} "
+                     "(rerun with DSDOCTOR_DEBUG=1 for the traceback and report it)"),
             file=sys.stderr,
         )
         return 2
+    finally:
+        sys.stdout = real_stdout

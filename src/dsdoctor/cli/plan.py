@@ -49,6 +49,10 @@ def register(sub):
 def run(args) -> int:
     from dsdoctor.plan.api import plan
 
+    if args.plot:
+        from dsdoctor.plan.plot import require_matplotlib
+
+        require_matplotlib()
     result = plan(args.model, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                   dtype=args.dtype, gpus=args.gpus, gpu_memory=args.gpu_memory, host_memory=args.host_memory,
                   h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsdoctor import inputs
 from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
@@ -195,7 +196,7 @@ def _verdict(pair: PairResult, lang: str, style: Style | None) -> str:
     worst = pair.status
     glyph = ""
     if style:
-        glyph = {"match": style.ok, "near-tie": style.info, "drift": style.warning, "mismatch": style.error}[worst] + " "
+        glyph = {"match": style.ok, "near-tie": style.info, "drift": style.error, "mismatch": style.error}[worst] + " "
     max_diff = _num(max((d.max_logit_diff for d in pair.diffs), default=0))
     if lang == "zh":
         names = {"match": "一致", "near-tie": "近似平局", "drift": "logit 漂移", "mismatch": "不一致"}
@@ -221,6 +222,11 @@ def _check_model_dir(model_dir) -> Path:
         if any(p.glob("*.bin")) or any(p.glob("*.pt")):
             raise InputError("has only pickle weights (.bin/.pt), which dsdoctor does not load", path=p, hint=hint)
         raise InputError("has no *.safetensors weights", path=p, hint=hint)
+    # what the loaders will open: a FIFO or a device among them would block or never end inside transformers
+    names = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+             "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
+    for f in sorted(p.glob("*.safetensors")) + [p / n for n in names if os.path.lexists(p / n)]:
+        inputs.require_regular(f, "model file")
     return p
 
 
@@ -247,6 +253,18 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+MAX_NEW_TOKENS = 1 << 16  # every step's logits are recorded: past this a compare only fills the disk
+MAX_RANKS = 256  # one host: even with --oversubscribe, past this the launch only exhausts the machine
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask, as taskset or a cgroup cpuset set it)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_ranks(gpus_visible: int) -> int:
     """Every visible GPU; 2 on the CPU accelerator, which runs any number of ranks."""
     return gpus_visible or 2
@@ -269,13 +287,15 @@ def compare(
     force: bool = False,
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
+    oversubscribe: bool = False,
 ) -> CompareResult:
     """Greedy-generate the same prompts through each load path and compare every path with the first.
 
     ``paths``: the load paths, the first the reference (default: plain and zero3; with ``model_dir_b``: plain).
     With ``model_dir_b``: one load path, run on both directories, B compared with A. ``prompts``: a prompt
     file (see ``dsdoctor.compare.prompts``) or a list of token-id lists; None draws deterministic ones.
-    ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2). ``out``: a directory for the
+    ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2); more ranks than visible GPUs, or
+    on the CPU accelerator than usable cores, is refused (the latter unless ``oversubscribe``). ``out``: a directory for the
     report and the raw run records (refused if it exists unless ``force``)."""
     say = progress or (lambda msg: None)
     spec_a = load_model_spec(_check_model_dir(model_dir))
@@ -293,24 +313,31 @@ def compare(
         raise InputError("give at least two load paths (--paths plain,zero3), or a second model directory")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be a positive integer, not {max_new_tokens!r}")
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise InputError(f"--max-new-tokens {max_new_tokens} is more than a comparison needs (limit {MAX_NEW_TOKENS})")
     dtype_name = normalize_dtype(dtype) if dtype else (spec_a.dtype or "fp32")
     if dtype_name not in TORCH_DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
-    if any(p in MULTI_RANK for p in paths):
-        have = visible_gpus()
-        ranks = default_ranks(have) if gpus is None else gpus
-        if have and ranks > have:
-            raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
-                             hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
-    else:
-        ranks = 1 if gpus is None else gpus
-    if "tp" in paths:
+    multi = any(p in MULTI_RANK for p in paths)
+    have = visible_gpus() if multi else 0
+    ranks = (default_ranks(have) if gpus is None else gpus) if multi else (1 if gpus is None else gpus)
+    if "tp" in paths:  # a property of the inputs: checked before what this machine can run
         for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
             if n % ranks:
                 raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
                                  path=spec_a.path, hint="choose --gpus that divides them")
+    if multi:
+        if have and ranks > have:
+            raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
+                             hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
+        cores = usable_cpus()
+        if not have and ranks > cores and not oversubscribe:
+            raise InputError(f"--gpus {ranks} CPU ranks but only {cores} CPU core(s) usable: each rank loads the "
+                             "whole model and they would thrash", hint="lower --gpus, or pass --oversubscribe")
+        if ranks > MAX_RANKS:
+            raise InputError(f"--gpus {ranks} is more ranks than one host runs (limit {MAX_RANKS})")
     if prompts is None:
         special = [spec_a.raw.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
         prompt_ids = default_prompts(spec_a.vocab_size, special)
@@ -411,7 +438,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
             d = max(by_status["drift"], key=lambda x: x.max_logit_diff)
             found.append(Finding(rules.LOGITS_DRIFT.code, dict(
                 base, prompt=d.prompt, position=d.max_diff_position, max_diff=_num(d.max_logit_diff),
-                tol=_num(d.tolerance))))
+                tol=_num(d.tolerance), times=f"{d.max_logit_diff / d.tolerance:.3g}" if d.tolerance else "-")))
         if path_of.get(p.other) == "tp" and path_of.get(p.reference) != "tp" and not p.identical:
             tol = max((d.tolerance for d in p.diffs), default=0.0)
             found.append(Finding(rules.TP_NUMERICS.code, dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))

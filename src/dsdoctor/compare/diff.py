@@ -8,7 +8,7 @@ recorded.
 
 Classification (tolerance scales with the dtype's precision and the logits' magnitude):
   match     same tokens, logits within tolerance
-  drift     same tokens, logits beyond tolerance somewhere
+  drift     same tokens, logits beyond tolerance somewhere on identical inputs: a different model (an error)
   near-tie  tokens differ where the reference's choice and the other's were within 2x tolerance, and the
             shared prefix agreed within tolerance: rounding, not corruption
   mismatch  anything else: the load path computes a different function

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.compare.runner import MULTI_RANK
-from dsdoctor.proctree import no_leaked_deepspeed_shm, terminate_tree
+from dsdoctor.proctree import contained_run, terminate_tree
 
 LOG_TAIL_LINES = 25
 
@@ -92,10 +92,11 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
 
 
 def _run_group(cmd: list[str], log, timeout: float | None, env: dict) -> int | None:
-    """Run the launcher in its own process group so that a timeout or Ctrl-C stops every rank it started,
-    not just the launcher. None: timed out."""
-    with no_leaked_deepspeed_shm():
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    """Run the launcher so that a timeout, Ctrl-C, SIGTERM or SIGHUP ends every rank it started (and any
+    process those started), then unlink the CPU ranks' shared memory. None: timed out."""
+    with contained_run() as run:
+        proc = run.adopt(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run.env(env),
+                                          start_new_session=True))
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

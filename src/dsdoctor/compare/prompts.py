@@ -12,6 +12,7 @@ import os
 import random
 from pathlib import Path
 
+from dsdoctor import inputs
 from dsdoctor.errors import InputError
 
 DEFAULT_COUNT = 4
@@ -46,6 +47,8 @@ def _parse_line(line: str, lineno: int, path: Path):
             value = json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise InputError(f"line {lineno}: invalid JSON: {exc.msg}", path=path) from None
+        except RecursionError:
+            raise InputError(f"line {lineno}: nested too deeply", path=path) from None
         if isinstance(value, dict):
             if "ids" in value:
                 value = value["ids"]
@@ -66,14 +69,9 @@ def _parse_line(line: str, lineno: int, path: Path):
 def load_prompts(path: str | os.PathLike, vocab_size: int, model_dir: str | os.PathLike | None = None) -> list[list[int]]:
     """Token-id prompts from a prompt file (see the module doc). Blank lines and ``#`` comments are skipped."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("prompt file not found", path=p) from None
-    except UnicodeDecodeError:
-        raise InputError("prompt file is not UTF-8 text", path=p) from None
-    except OSError as exc:
-        raise InputError(f"cannot read prompt file: {exc.strerror}", path=p) from None
+    if not p.exists():
+        raise InputError("prompt file not found", path=p)
+    text = inputs.read_text(p, "prompt file", inputs.MAX_PROMPT_BYTES)  # a FIFO or /dev/zero is refused
     parsed = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):

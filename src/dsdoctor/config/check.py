@@ -533,12 +533,30 @@ def training_only(c: Context):  # DSD112
 
 
 # one small detector per code; each yields its findings (never raises one)
+def prefetch_disabled(c: Context):  # DSD322
+    """A ZeRO-3 prefetch bucket or live-parameter budget of 0 switches prefetching off."""
+    eff = c.eff
+    if eff.zero_stage != 3:
+        return
+    zeros = [eff.values[k] for k in ("prefetch_bucket_size", "max_live_parameters")
+             if eff.values[k].value is not None and eff.values[k].value == 0]
+    if not zeros:
+        return
+    keys = [v.key for v in zeros]
+    yield Finding("DSD322", {
+        "knobs": ", ".join(f"{k} = 0" for k in keys), "keys": " and ".join(keys),
+        "default_prefetch": human_count(eff.values["prefetch_bucket_size"].default),
+        "default_live": human_count(eff.values["max_live_parameters"].default)})
+
+
 DETECTORS = (
     ref_missing, not_a_deepspeed_config, rejected_keys, optimizer_in_inference, offload_optimizer_in_inference,
     zero3_with_tensor_parallel, init_inference_keys_mixed, unfilled_auto, offload_param_below_stage3,
     pinned_host_memory, nvme_without_path, stage3_knobs_raise_peak, fp16_for_bf16_model, zero3_on_one_gpu,
-    zero12_at_inference, training_only,
+    zero12_at_inference, training_only, prefetch_disabled,
 )
+
+
 
 
 _ALIAS_TO_CANONICAL = {alias: canonical for canonical, alias in STAGE3_ALIASES.items()}

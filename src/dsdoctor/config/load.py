@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsdoctor import inputs
 from dsdoctor.errors import InputError
 
-MAX_BYTES = 10 * 1024 * 1024  # real configs are a few KiB
+MAX_BYTES = inputs.MAX_CONFIG_BYTES  # real configs are a few KiB
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -89,6 +90,7 @@ def _no_duplicates(pairs):
 def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
     """Load a config file (or take a dict) and return the DeepSpeed dict it amounts to."""
     if isinstance(source, dict):
+        inputs.check_tree(source, None)
         _check_keys_are_strings(source, None)
         return LoadedConfig(path=None, raw=_plain(copy.deepcopy(source)), kind="dict")
     if not isinstance(source, (str, os.PathLike)):
@@ -121,21 +123,13 @@ def is_trainer_args(data: dict) -> bool:
 
 
 def read_text(path: Path) -> str:
-    """The file's text, or an InputError saying why it cannot be a config."""
+    """The file's text, or an InputError saying why it cannot be a config. Only a regular file of at most
+    ``MAX_BYTES`` is read: a FIFO, a device (``/dev/zero``) or a socket is refused before it is opened."""
     if not path.exists():
         raise InputError("no such file", path=path)
     if path.is_dir():
         raise InputError("is a directory, expected a DeepSpeed config file", path=path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise InputError(f"is {size} bytes; a DeepSpeed config is a few KiB (limit {MAX_BYTES})", path=path)
-        with open(path, "rb") as fh:
-            blob = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
-    if len(blob) > MAX_BYTES:
-        raise InputError(f"is larger than {MAX_BYTES} bytes; not a DeepSpeed config", path=path)
+    blob = inputs.read_bytes(path, "DeepSpeed config file", MAX_BYTES)
     if b"\x00" in blob:
         raise InputError("is a binary file, not a DeepSpeed config (JSON, HJSON or YAML)", path=path)
     try:
@@ -151,6 +145,7 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     text = read_text(path)
     looks_yaml = path.suffix.lower() in YAML_SUFFIXES or not text.lstrip().startswith(("{", "[", "//", "#", "/*"))
     if looks_yaml:
+        _bound_slow_parse(text, path, "YAML")
         data = _parse_yaml(text, path)
         kind = "yaml"
     else:
@@ -158,8 +153,18 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     if not isinstance(data, dict):
         what = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
         raise InputError(f"top level is {what}; a DeepSpeed config is an object ({{...}})", path=path)
+    inputs.check_tree(data, path)  # before any recursive walk: depth, size, cycles
     _check_keys_are_strings(data, path)
     return _plain(data), kind
+
+
+def _bound_slow_parse(text: str, path: Path, what: str) -> None:
+    """YAML and HJSON are parsed in pure Python, about a megabyte a second: past the bound, refuse at once
+    rather than run for minutes (a real config is a few KiB; plain JSON, parsed in C, may be larger)."""
+    size = len(text.encode("utf-8"))
+    if size > inputs.MAX_PURE_PYTHON_BYTES:
+        raise InputError(f"is {size} bytes of {what}; a {what} config is limited to "
+                         f"{inputs.MAX_PURE_PYTHON_BYTES} bytes (plain JSON may be larger)", path=path)
 
 
 def _strict(loads, text: str, path: Path):
@@ -177,6 +182,7 @@ def _parse_json(text: str, path: Path) -> tuple[Any, str]:
         return _strict(json.loads, text, path), "json"
     except ValueError as first:
         json_error = first
+    _bound_slow_parse(text, path, "HJSON")
     import hjson  # DeepSpeed's own parser: comments, unquoted keys, trailing commas
 
     try:
@@ -191,11 +197,75 @@ def _parse_json(text: str, path: Path) -> tuple[Any, str]:
         raise InputError(f"invalid JSON/HJSON{where}: {detail}", path=path) from None
 
 
-def _parse_yaml(text: str, path: Path) -> Any:
+class YamlBombError(ValueError):
+    pass
+
+
+def bounded_yaml_loader(max_nodes: int = inputs.MAX_NODES, max_depth: int = inputs.MAX_DEPTH):
+    """A ``yaml.SafeLoader`` subclass that refuses what ``safe_load`` accepts and nothing downstream survives:
+    an alias to an anchor that is still being defined (a structure containing itself), more than
+    ``max_nodes`` nodes once aliases are expanded (billion laughs: 9 levels of 9 aliases are 3.9 billion),
+    nesting deeper than ``max_depth``. Duplicate keys are an error, as in DeepSpeed.
+
+    The count happens while composing, before any Python object is built, so a bomb costs microseconds."""
     import yaml
 
-    class Loader(yaml.SafeLoader):  # safe_load, plus duplicate keys are an error (as in DeepSpeed)
-        pass
+    class Loader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self._open_anchors: list[str] = []
+            self._expanded = 0
+            self._sizes: dict[int, int] = {}
+            self._depth = 0
+            self._through_alias = False
+
+        def _count(self, n: int, mark, alias: bool = False) -> None:
+            self._expanded += n
+            self._through_alias = self._through_alias or alias
+            if self._expanded > max_nodes:
+                how = "expands to more than {} values through aliases" if self._through_alias else \
+                    "has more than {} values"
+                raise YamlBombError(f"{how.format(max_nodes)} at line {mark.line + 1}; not a config")
+
+        def _size(self, node) -> int:
+            """Nodes in ``node`` with every alias expanded (the graph is acyclic: cycles are refused)."""
+            cached = self._sizes.get(id(node))
+            if cached is not None:
+                return cached
+            if isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._size(child) for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size = 1 + sum(self._size(k) + self._size(v) for k, v in node.value)
+            else:
+                size = 1
+            self._sizes[id(node)] = size
+            return size
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                if event.anchor in self._open_anchors:
+                    raise YamlBombError(f"alias *{event.anchor} at line {event.start_mark.line + 1} refers to "
+                                        f"its own anchor (a structure containing itself); not a config")
+                node = self.anchors.get(event.anchor)
+                if node is not None:
+                    self._count(self._size(node), event.start_mark, alias=True)
+                return super().compose_node(parent, index)
+            event = self.peek_event()
+            anchor = getattr(event, "anchor", None)
+            self._depth += 1
+            if self._depth > max_depth:
+                raise YamlBombError(f"is nested more than {max_depth} levels deep at line "
+                                    f"{event.start_mark.line + 1}; not a config")
+            self._count(1, event.start_mark)
+            if anchor is not None:
+                self._open_anchors.append(anchor)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+                if anchor is not None:
+                    self._open_anchors.pop()
 
     def construct_mapping(loader, node, deep=False):
         loader.flatten_mapping(node)
@@ -212,10 +282,18 @@ def _parse_yaml(text: str, path: Path) -> Any:
         return out
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return Loader
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    import yaml
+
     try:
-        return yaml.load(text, Loader=Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=bounded_yaml_loader())  # noqa: S506 - a SafeLoader subclass
     except DuplicateKeyError as exc:
         raise InputError(f"{exc} (duplicate keys are ambiguous)", path=path) from None
+    except YamlBombError as exc:
+        raise InputError(str(exc), path=path) from None
     except RecursionError:
         raise InputError("is nested too deeply", path=path) from None
     except yaml.YAMLError as exc:

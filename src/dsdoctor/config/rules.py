@@ -872,3 +872,58 @@ dsdoctor check ds_config.json
         ),
     ),
 )
+
+# DSD322 is in the `scripts` range (DSD318-329) although it is a config rule: it came with issue 16 (trace on
+# real scripts), whose range it uses.
+rule(
+    "DSD322", "stage3-prefetch-disabled", "warning",
+    message={
+        "en": "{knobs}: ZeRO-3 prefetches nothing, so every layer waits for its own all-gather",
+        "zh": "{knobs}：ZeRO-3 不做任何预取，每一层都要等待自己的 all-gather",
+    },
+    fix={
+        "en": "Delete {keys} (DeepSpeed's defaults prefetch {default_prefetch} elements, keep {default_live} live)",
+        "zh": "删除 {keys}（DeepSpeed 默认预取 {default_prefetch} 个元素，保留 {default_live} 个活跃元素）",
+    },
+    explanation=explanation(
+        en=(
+            """\
+Flags `stage3_prefetch_bucket_size` or `stage3_max_live_parameters` set to 0 under ZeRO-3.
+""",
+            """\
+DeepSpeed's parameter coordinator (runtime/zero/partitioned_param_coordinator.py) fetches the next
+layers ahead of use only while the prefetch bucket is above 0 and fewer than `max_live_parameters`
+elements are gathered. At 0 nothing is fetched ahead: each layer's all-gather starts when the layer is
+called and the GPU waits for it, every layer, every generated token. Memory drops a little; speed drops
+a lot. Configs set 0 to save memory, or to silence an assertion in older releases.
+""",
+            """\
+"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0,
+                      "stage3_prefetch_bucket_size": 0}
+""",
+            """\
+"zero_optimization": {"stage": 3}
+(or lower values such as 1e7 to bound the prefetch without switching it off)
+""",
+        ),
+        zh=(
+            """\
+检查 ZeRO-3 下被设为 0 的 `stage3_prefetch_bucket_size` 或 `stage3_max_live_parameters`。
+""",
+            """\
+DeepSpeed 的参数协调器（runtime/zero/partitioned_param_coordinator.py）只有在预取 bucket 大于 0、且已
+gather 的元素少于 `max_live_parameters` 时才会提前拉取后续层。设为 0 时不会提前拉取任何东西：每层的
+all-gather 在该层被调用时才开始，GPU 只能等待，每一层、每个生成的 token 都如此。内存省得不多，速度却
+慢很多。有的配置设 0 是为了省内存，或为了绕过旧版本的断言。
+""",
+            """\
+"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0,
+                      "stage3_prefetch_bucket_size": 0}
+""",
+            """\
+"zero_optimization": {"stage": 3}
+（或用 1e7 这类较小的值限制预取，而不是关掉它）
+""",
+        ),
+    ),
+)

@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dsdoctor import inputs
 from dsdoctor.errors import InputError
 from dsdoctor.model.formulas import tied
 
@@ -69,26 +70,44 @@ def _find_config(path: str | os.PathLike) -> Path:
 
 
 def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
+    """The parsed config.json: a regular file of bounded size, depth and node count (untrusted input)."""
     p = _find_config(path)
+    text = inputs.read_text(p, "model config.json", inputs.MAX_CONFIG_BYTES)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("is not UTF-8 text", path=p) from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path=p) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path=p) from None
+    except RecursionError:
+        raise InputError("is nested too deeply", path=p) from None
     if not isinstance(data, dict):
         raise InputError("config.json must hold a JSON object", path=p)
+    inputs.check_tree(data, p)
     return p, data
 
 
-def _int(cfg: dict, path: Path, *keys, default=None):
+# Upper bounds on a decoder's shape: 16x or more beyond any released model (Llama 3.1 405B: hidden 16384,
+# 126 layers, 128 heads; the largest vocabularies are ~256k). Past them a plan is not for a real model, and
+# the arithmetic (and the meta-device build) would run for minutes on numbers like 1e12.
+LIMITS = {
+    "hidden_size": 1 << 18, "num_layers": 2048, "num_heads": 1 << 14, "num_kv_heads": 1 << 14,
+    "head_dim": 1 << 14, "intermediate_size": 1 << 21, "vocab_size": 1 << 24, "num_experts": 1 << 14,
+}
+MAX_PARAMS = 10**14  # 100 T parameters
+
+
+def _int(cfg: dict, path: Path, *keys, default=None, low: int = 1, limit: int | None = None):
+    """The first of ``keys`` that is set, as an integer in [low, limit]; the file and the key named if not."""
     for k in keys:
         v = cfg.get(k)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise InputError(f"{k} must be a non-negative integer, not {v!r}", path=path)
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)  # 4096.0: the integer it spells
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InputError(f"{k} must be an integer, not {v!r}", path=path)
+            if v < low:
+                raise InputError(f"{k} is {v}; it must be at least {low}", path=path)
+            if limit is not None and v > limit:
+                raise InputError(f"{k} is {v}; larger than any real model (limit {limit})", path=path)
             return v
     if default is None:
         raise InputError(f"missing {keys[0]}: not a decoder language-model config", path=path)
@@ -98,23 +117,29 @@ def _int(cfg: dict, path: Path, *keys, default=None):
 def load_model_spec(path: str | os.PathLike) -> ModelSpec:
     p, cfg = read_config_json(path)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model")
-    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model", limit=LIMITS["hidden_size"])
+    heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads", limit=LIMITS["num_heads"])
+    if hidden // heads < 1 and text.get("head_dim") is None:
+        raise InputError(f"hidden_size {hidden} is smaller than num_attention_heads {heads}", path=p)
+    experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0
     spec = ModelSpec(
         path=str(p),
         model_type=str(cfg.get("model_type", "unknown")),
         hidden_size=hidden,
-        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+        num_layers=_int(text, p, "num_hidden_layers", "n_layer", "num_layers", "n_layers",
+                        limit=LIMITS["num_layers"]),
         num_heads=heads,
-        num_kv_heads=_int(text, p, "num_key_value_heads", "num_kv_heads", default=heads),
-        head_dim=_int(text, p, "head_dim", default=hidden // max(heads, 1)),
-        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size", default=4 * hidden),
-        vocab_size=_int(text, p, "vocab_size"),
+        num_kv_heads=_int(text, p, "num_key_value_heads", "num_kv_heads", default=heads,
+                          limit=LIMITS["num_kv_heads"]),
+        head_dim=_int(text, p, "head_dim", default=hidden // heads, limit=LIMITS["head_dim"]),
+        intermediate_size=_int(text, p, "intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size",
+                               default=4 * hidden, limit=LIMITS["intermediate_size"]),
+        vocab_size=_int(text, p, "vocab_size", limit=LIMITS["vocab_size"]),
         tie_word_embeddings=tied(cfg),  # transformers' per-architecture default when unset
         dtype=normalize_dtype(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype")),
         max_position_embeddings=text.get("max_position_embeddings"),
         sliding_window=text.get("sliding_window") if isinstance(text.get("sliding_window"), int) else None,
-        num_experts=int(text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0),
+        num_experts=_int({"num_experts": experts}, p, "num_experts", low=0, limit=LIMITS["num_experts"]),
         raw=cfg,
     )
     if spec.model_type == "falcon":  # multi-query: one key/value head (modeling_falcon.py)
@@ -122,6 +147,9 @@ def load_model_spec(path: str | os.PathLike) -> ModelSpec:
 
         spec.num_kv_heads = falcon_kv_heads(text, heads)
     estimate_params(spec)
+    if spec.num_params > MAX_PARAMS:
+        raise InputError(f"describes {spec.num_params:.3g} parameters; larger than any real model "
+                         f"(limit {MAX_PARAMS:.0e})", path=p)
     return spec
 
 

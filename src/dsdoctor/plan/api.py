@@ -134,7 +134,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     default the cached profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
     PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment)."""
     spec = load_model_spec(model)
-    inv = load_inventory(spec, counts)
+    # every input checked before the slow part (the meta-device build): bad input ends at once
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, hard)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
@@ -145,6 +145,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     expandable = "expandable_segments:true" in alloc_conf.replace(" ", "").lower()
     context = profile.get("context_bytes") if profile is not None else None
     knobs = load_knobs(config)
+    inv = load_inventory(spec, counts)
     config_path = config_path_of(knobs)
     shape = model_shape(spec, inv)
 
@@ -162,7 +163,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             if split is not None and name != "tp":
                 return estimate_split(split[0], split[1], shape, w, hw, k)
             mem = estimate_path(name, shape, w, hw, k, expandable=expandable, context_bytes=context,
-                                reserved_ratio=ratio)
+                                reserved_ratio=ratio, built_from_config=not ckpt.seen)
             return plan_loop.in_loop(name, mem, shape, w, k) if loop else mem
 
         mem = estimate(wl)

@@ -33,6 +33,8 @@ _GPU_TABLE = (
 )
 _DEFAULT = ("", 2.0e12, 200e9, 25e9, 300e12)
 NVME_READ = 6e9  # one PCIe 4 NVMe drive, sequential read
+MAX_GPUS = 512  # a plan is for one model-parallel group; past this the tp/ZeRO arithmetic only burns time
+MAX_MEMORY = 1 << 50  # 1 PiB
 
 
 @dataclass
@@ -86,6 +88,9 @@ def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2
             assumed.append("gpus=1")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise InputError(f"--gpus must be an integer >= 1, not {gpus!r}")
+    if gpus > MAX_GPUS:
+        raise InputError(f"--gpus {gpus} is more than a plan covers (limit {MAX_GPUS}); plan one node or one "
+                         "model-parallel group")
     if gpu_memory is None:
         if found:
             gpu_memory = found[1]
@@ -96,6 +101,8 @@ def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2
     gpu_memory = parse_bytes(gpu_memory, "--gpu-memory")
     if gpu_memory <= 0:
         raise InputError("--gpu-memory must be positive")
+    if gpu_memory > MAX_MEMORY:
+        raise InputError(f"--gpu-memory {gpu_memory} bytes is more than any GPU has (limit 1 PiB)")
     if host_memory is None:
         host_memory = detect_host_memory() if detect else None
         if host_memory:
@@ -104,6 +111,8 @@ def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2
             host_memory = 512 * GiB
             assumed.append("host_memory=512GiB")
     host_memory = parse_bytes(host_memory, "--host-memory")
+    if host_memory <= 0 or host_memory > MAX_MEMORY:
+        raise InputError(f"--host-memory must be between 1 byte and 1 PiB, not {host_memory}")
     name = gpu_name or (found[2] if found else None)
     row = _row(name)
     if h2d_bandwidth is None:

@@ -496,7 +496,7 @@ def _training_extras(knobs, numel: int, world: int, b: int) -> tuple[dict, dict,
 
 def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: bool = False,
                   context_bytes: int | None = None, reserved_ratio: float | None = None,
-                  phases: tuple | None = None) -> PathMemory | None:
+                  phases: tuple | None = None, built_from_config: bool = False) -> PathMemory | None:
     """``reserved_ratio``: reserved = peak x ratio instead of replaying the allocator (what-fits searches
     reuse the ratio of the planned workload)."""
     """Memory of one load path; None when the path does not apply (tp on one GPU)."""
@@ -548,6 +548,13 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: 
             load_peak = max(load_peak, done + k * b + (0 if offload else shard))
             done += 0 if offload else shard
         load_peak = max(load_peak, resident)
+    elif name == "plain" and built_from_config and inv.tied:
+        # no weights to load: the model is built from its config on the GPU (``model_cls(config)``), which
+        # creates the output layer with its own weight last; post_init's tying frees it only after that
+        # (measured on one H200: Llama-3.2-1B and Qwen2.5-1.5B shapes, load peak = weights + lm_head exactly).
+        # from_pretrained builds on the meta device and ties before loading: no such transient.
+        untied = sum(p.numel for alias, owner in inv.tied for p in inv.params if p.module == owner)
+        load_peak = max(load_peak, resident + untied * b)
 
     kv_prompt = kv_bytes(shape, B, S, b, tp)
     kv_final = kv_bytes(shape, B, final, b, tp)

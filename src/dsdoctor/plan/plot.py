@@ -8,6 +8,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from dsdoctor.errors import InputError
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.plan.result import PlanResult, label
 from dsdoctor.units import human_bytes
@@ -34,6 +35,16 @@ def _stacks(result: PlanResult):
         parts["outside_allocator"] = p.gpu_outside_allocator_bytes
         rows.append((p.name, parts, p.fits))
     return keys, rows
+
+
+def require_matplotlib() -> None:
+    """An InputError (one line, exit 2) when matplotlib cannot be imported: checked before any work."""
+    try:
+        import matplotlib  # noqa: F401
+        import matplotlib.pyplot  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        raise InputError(f"--plot needs matplotlib, which cannot be imported here ({type(exc).__name__})",
+                         hint="pip install matplotlib, or leave out --plot") from None
 
 
 def render_png(result: PlanResult) -> bytes:

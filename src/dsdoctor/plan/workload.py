@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass
 from dsdoctor.errors import InputError
 from dsdoctor.model.spec import DTYPE_BYTES, normalize_dtype
 
+# far beyond any real run; past them the arithmetic describes nothing
+MAX_BATCH = 1 << 20
+MAX_TOKENS = 1 << 24
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -29,9 +33,12 @@ class Workload:
 
 def make_workload(batch: int, prompt_len: int, new_tokens: int, dtype: str | None, model_dtype: str | None,
                   max_positions: int | None = None) -> Workload:
-    for name, value, low in (("batch", batch, 1), ("prompt length", prompt_len, 1), ("new tokens", new_tokens, 1)):
+    for name, value, low, high in (("batch", batch, 1, MAX_BATCH), ("prompt length", prompt_len, 1, MAX_TOKENS),
+                                   ("new tokens", new_tokens, 1, MAX_TOKENS)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(f"{name} must be an integer >= {low}, not {value!r}")
+        if value > high:
+            raise InputError(f"{name} is {value}; more than any inference run (limit {high})")
     name = dtype or model_dtype or "bf16"
     norm = normalize_dtype(name)
     if norm is None:

@@ -16,7 +16,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.report.render import write_report
 from dsdoctor.trace import multinode
-from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose
+from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
@@ -44,7 +44,8 @@ def _trace_into(directory: Path, command: list[str], variant: str | None, timeou
     ranks = [summarize_rank(r, outcome.timed_out) for r in records]
     status = run_status(ranks, outcome.returncode, outcome.timed_out, outcome.output_tail)
     log = f"{final_dir}/output.log" if final_dir else None
-    findings = trace_findings(ranks, records, status, outcome.returncode, timeout, log, outcome.output_tail)
+    findings = trace_findings(ranks, records, status, outcome.returncode, timeout, log, outcome.output_tail,
+                              timed_out=outcome.timed_out)
     result = TraceResult(command=command, status=status, returncode=outcome.returncode, wall_s=outcome.wall_s,
                          timeout=timeout, ranks=ranks, findings=findings, variant=variant, out_dir=final_dir, log=log,
                          output_tail=outcome.output_tail)
@@ -91,7 +92,7 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
     chosen = parse_variants(variants)
 
     def run_all(directory: Path, final: str | None) -> AbResult:
-        results, as_is_findings = [], []
+        results, as_is_findings, stop = [], [], None
         queue = list(chosen)
         for n, v in enumerate(queue, 1):
             print(f"dsdoctor ab: variant {n}/{len(queue)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
@@ -107,8 +108,13 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
                     queue[n:] = parse_variants("gather-once")
                     print("dsdoctor ab: the run trains between generates; next variant: gather-once",
                           file=sys.stderr, flush=True)
-        result = AbResult(command=command, variants=results, findings=diagnose(results) + as_is_findings,
-                          out_dir=final)
+            following = [w.name for w in queue[n:]]
+            stop = not_applied(v.name, t, following, [r.name for r in results])
+            if stop is not None:
+                print(f"dsdoctor ab: {stop.message('en')}", file=sys.stderr, flush=True)
+                break
+        findings = [stop] if stop is not None else diagnose(results)
+        result = AbResult(command=command, variants=results, findings=findings + as_is_findings, out_dir=final)
         if final:
             write_report(result, directory, lang)
         return result

@@ -17,7 +17,7 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD332", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+PRIORITY = ("DSD320", "DSD332", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
@@ -119,6 +119,38 @@ class AbResult:
             out.append(f"\n**{'Diagnosis' if lang == 'en' else '诊断'}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
         out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
         return "".join(out)
+
+
+REWRITTEN_AT = ("deepspeed.initialize", "HfDeepSpeedConfig")
+NOT_CONFIG_VARIANTS = ("gather-once",)  # variants the observer applies inside generate, not to the config
+
+
+def not_applied(name: str, t: TraceResult, following: list[str], ran: list[str]) -> Finding | None:
+    """DSD320 when the variants cannot change this run: after ``as-is``, when no rank handed a config that the
+    observer can rewrite to deepspeed.initialize or HfDeepSpeedConfig; after any other variant, when no rank
+    received that variant's config. None when ab can go on."""
+    seen = [c for r in t.ranks for c in r.configs_seen]
+    following = [f for f in following if f not in NOT_CONFIG_VARIANTS]
+    if name in NOT_CONFIG_VARIANTS:  # applied at generate, not to the config: nothing to check here
+        return None
+    if name == "as-is":
+        if not following or any(c.get("api") in REWRITTEN_AT and c.get("rewritable") for c in seen):
+            return None
+        variant = ", ".join(following)
+    elif any(c.get("variant_applied") == name for c in seen):
+        return None
+    else:
+        variant = name
+    apis = {c.get("api") for c in seen}
+    if "deepspeed.init_inference" in apis:
+        why, advice = Phrase("why-init-inference"), Phrase("advice-plan")
+    elif apis & set(REWRITTEN_AT):
+        why, advice = Phrase("why-not-rewritable"), Phrase("advice-dict")
+    elif t.status != "ok" and not seen:
+        why, advice = Phrase("why-ended", {"status": t.status}), Phrase("advice-trace")
+    else:
+        why, advice = Phrase("why-none"), Phrase("advice-no-config")
+    return Finding("DSD320", {"variant": variant, "why": why, "ran": ", ".join(ran), "advice": advice})
 
 
 def _metric(v: VariantResult, gpu: bool):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.errors import InputError
-from dsdoctor.proctree import no_leaked_deepspeed_shm, process_tree, signal_all, terminate_tree
+from dsdoctor.proctree import contained_run, process_tree, signal_all, terminate_tree
 from dsdoctor.trace.observer import recorder
 
 OBSERVER_DIR = Path(__file__).resolve().parent / "observer"
@@ -59,10 +59,6 @@ def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.
     terminate_tree(proc, grace_s)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _record_pids(trace_dir: Path) -> list[int]:
     pids = []
     for path in Path(trace_dir).glob("rank-*.jsonl"):
@@ -78,8 +74,7 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
     """Run ``command`` observed; its output goes to ``echo`` (stderr by default) and ``log_path``."""
     if not command:
         raise InputError("no command given", hint="put the command after --, e.g. dsdoctor trace -- python infer.py")
-    with no_leaked_deepspeed_shm():
-        return _run_observed(command, trace_dir, variant, timeout, log_path, echo)
+    return _run_observed(command, trace_dir, variant, timeout, log_path, echo)
 
 
 def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) -> RunOutcome:
@@ -88,53 +83,48 @@ def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) ->
     tail: collections.deque[str] = collections.deque(maxlen=200)
     log = open(log_path, "w", encoding="utf-8") if log_path else None
     start = time.time()
-    try:
-        proc = subprocess.Popen(command, env=observed_env(trace_dir, variant), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    except FileNotFoundError:
-        raise InputError(f"command not found: {command[0]}") from None
-    except PermissionError:
-        raise InputError(f"command is not executable: {command[0]}") from None
+    run = contained_run()  # every process of the run ends with it, double-forked ones included
+    with run:
+        try:
+            proc = run.adopt(subprocess.Popen(
+                command, env=run.env(observed_env(trace_dir, variant)), stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True))
+        except FileNotFoundError:
+            raise InputError(f"command not found: {command[0]}") from None
+        except PermissionError:
+            raise InputError(f"command is not executable: {command[0]}") from None
 
-    def pump():
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            tail.append(line)
-            if log:
-                log.write(line)
-            if echo is not False:
-                try:
-                    echo.write(line)
-                    echo.flush()
+        def pump():
+            for raw in iter(proc.stdout.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                tail.append(line)
+                try:  # the log and echo may be closed under us when the run is interrupted
+                    if log:
+                        log.write(line)
+                    if echo is not False:
+                        echo.write(line)
+                        echo.flush()
                 except (OSError, ValueError):
                     pass
 
-    reader = threading.Thread(target=pump, name="dsdoctor-output", daemon=True)
-    reader.start()
-    timed_out = False
-    previous_term = None
-    if threading.current_thread() is threading.main_thread():  # SIGTERM to dsdoctor ends the run's tree too
-        previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        if echo is not False:
-            echo.write(f"dsdoctor: no end after {timeout:g}s; dumping rank stacks and ending every process\n")
-        end_tree(proc, trace_dir)
-    except BaseException:  # Ctrl-C: leave no rank behind
-        end_tree(proc, None, grace_s=2.0)
-        raise
-    finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
-        reader.join(timeout=5)
-        if log:
-            log.close()
-    if timed_out:  # anything of the run's own process group that escaped the tree walk
+        reader = threading.Thread(target=pump, name="dsdoctor-output", daemon=True)
+        reader.start()
+        timed_out = False
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            if echo is not False:
+                echo.write(f"dsdoctor: no end after {timeout:g}s; dumping rank stacks and ending every process\n")
+            end_tree(proc, trace_dir)
+        except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: leave no rank behind
+            end_tree(proc, None, grace_s=2.0)
+            if log:
+                log.close()
+            raise
+    # leaving ``run`` ended whatever the command left running (a daemonized child keeps the pipe open)
+    reader.join(timeout=5)
+    if log:
+        log.close()
     return RunOutcome(proc.returncode, timed_out, time.time() - start, "".join(tail),
                       str(log_path) if log_path else None)

@@ -15,7 +15,7 @@ _GIB = 1024**3
 def write_timelines(result: TraceResult, directory: Path) -> list[str]:
     """Write ``timeline-rank-R.png`` per rank and ``timeline.html``; returns the file names written.
 
-    Without matplotlib only the HTML (tables, no pictures) is written."""
+    Without matplotlib only the HTML is written: tables, and a line saying why there is no chart."""
     try:
         import matplotlib
 
@@ -32,7 +32,8 @@ def write_timelines(result: TraceResult, directory: Path) -> list[str]:
             _plot_rank(plt, r, directory / name)
             r.timeline_png = name
             written.append(name)
-    (directory / "timeline.html").write_text(_html(result, directory), encoding="utf-8")
+    note = None if plt is not None else "No memory chart: matplotlib is not installed (pip install matplotlib)."
+    (directory / "timeline.html").write_text(_html(result, directory, note), encoding="utf-8")
     written.append("timeline.html")
     return written
 
@@ -70,12 +71,14 @@ def _plot_rank(plt, r, path: Path):
     plt.close(fig)
 
 
-def _html(result: TraceResult, directory: Path) -> str:
+def _html(result: TraceResult, directory: Path, note: str | None = None) -> str:
     parts = ["<!doctype html><meta charset='utf-8'><title>dsdoctor trace</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:13px}</style>",
              f"<h1>dsdoctor trace</h1><p><code>{html.escape(' '.join(result.command))}</code> — status "
              f"<b>{html.escape(result.status)}</b>{' — variant ' + html.escape(result.variant) if result.variant else ''}</p>"]
+    if note:
+        parts.append(f"<p class='note'><b>{html.escape(note)}</b> The tables below have every figure.</p>")
     for r in result.ranks:
         parts.append(f"<h2>rank {r.rank} ({html.escape(str(r.host))}) — {html.escape(r.status)}</h2>")
         if r.timeline_png and (directory / r.timeline_png).is_file():

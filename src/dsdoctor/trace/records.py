@@ -24,10 +24,12 @@ class PhaseRecord:
     new_tokens: int | None = None
     error: dict | None = None
     info: dict = field(default_factory=dict)  # api, synced_gpus, engine, model, ...
+    repeated: bool = False  # the rank ran this phase more than once (a script that loads two models)
 
     @property
     def label(self) -> str:
-        return f"{self.name}#{self.index}" if self.name == "generate" else self.name
+        """generate#0, generate#1, ...; load and init are numbered the same way only when they repeat."""
+        return f"{self.name}#{self.index}" if self.name == "generate" or self.repeated else self.name
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -49,6 +51,7 @@ class RankRecord:
     variant: str | None = None
     phases: list[PhaseRecord] = field(default_factory=list)
     configs: list[dict] = field(default_factory=list)
+    models: list[dict] = field(default_factory=list)  # "model" events: class, num_params, config dict
     gap_peaks: list[tuple[float, int | None, int | None]] = field(default_factory=list)  # (t, host, gpu)
     samples: list[list] = field(default_factory=list)  # [t, rss, gpu_allocated, gpu_reserved]
     shard_loads: list[str] = field(default_factory=list)
@@ -101,11 +104,13 @@ def read_rank(path: Path) -> RankRecord | None:
                             "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
                     setattr(ph, key, ev.get(key))
                 ph.host_rss_end = ev.get("host_rss")
-                for key in ("engine", "model", "forwards"):
+                for key in ("engine", "model", "forwards", "new_tokens_per_seq"):
                     if ev.get(key) is not None:
                         ph.info[key] = ev[key]
             elif kind == "config":
                 rec.configs.append(ev)
+            elif kind == "model":
+                rec.models.append(ev)
             elif kind == "zero_shards_to_init_inference":
                 rec.shard_loads.extend(ev.get("files") or [])
             elif kind == "train":
@@ -116,10 +121,19 @@ def read_rank(path: Path) -> RankRecord | None:
                 rec.exited = True
     if rec is None:
         return None
+    _mark_repeated(rec.phases)
     stack = path.with_name(path.name[: -len(".jsonl")] + ".stack.txt")
     if stack.is_file():
         rec.stack = stack.read_text(encoding="utf-8", errors="replace").strip() or None
     return rec
+
+
+def _mark_repeated(phases: list[PhaseRecord]) -> None:
+    counts: dict[str, int] = {}
+    for p in phases:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    for p in phases:
+        p.repeated = counts[p.name] > 1
 
 
 _START_KEYS = {"event", "t", "phase", "index", "host_rss", "gap_peak_host_rss", "gap_peak_gpu_reserved",
@@ -137,9 +151,9 @@ def read_records(directory: Path) -> list[RankRecord]:
     # with observed calls, or else the first one (the rank itself)
     out.sort(key=lambda r: (r.rank, r.t0 or 0))
     kept, seen = [], set()
-    active = {r.rank for r in out if r.phases or r.configs}
+    active = {r.rank for r in out if r.phases or r.configs or r.models or r.train}
     for r in out:
-        if r.phases or r.configs or r.train or (r.rank not in active and r.rank not in seen):
+        if r.phases or r.configs or r.models or r.train or (r.rank not in active and r.rank not in seen):
             kept.append(r)
             seen.add(r.rank)
     return kept

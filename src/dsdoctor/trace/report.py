@@ -16,7 +16,9 @@ from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
 OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
-STATUSES = ("ok", "oom", "hang", "error")
+# run: ok, oom, hang (ranks wait on each other), timeout (stopped by --timeout, no sign of waiting), error
+STATUSES = ("ok", "oom", "hang", "timeout", "error")
+MPI_MISSING = re.compile(r"No module named '?mpi4py'?")
 
 _T = {
     "rank": {"en": "rank", "zh": "rank"}, "stage": {"en": "stage", "zh": "stage"},
@@ -39,7 +41,7 @@ class RankSummary:
     rank: int
     host: str | None
     pid: int | None
-    status: str  # ok, oom, hang, error, killed
+    status: str  # ok (finished), oom, error, hang, timeout (still running at the timeout), killed
     t0: float | None = None  # wall-clock time of the rank's first observed call; timeline times count from it
     zero_stage: int | None = None
     configured_stage: object = None
@@ -61,9 +63,15 @@ class RankSummary:
     tokens_per_s: float | None = None
     stopped_in: str | None = None
     where: str | None = None
+    in_collective: bool | None = None  # the stack at the timeout waits in torch.distributed / deepspeed.comm
+    user_frame: str | None = None  # the script's own innermost frame at the timeout: "infer.py:40 in main"
     error: dict | None = None
     config_passed: dict | None = None  # what the script handed to DeepSpeed (api, source, stage, offloads, ...)
     effective: dict | None = None  # what DeepSpeed built, read from the engine
+    config_captured: dict | None = None  # the whole config dict that config_passed summarises
+    configs_seen: list[dict] = field(default_factory=list)  # every config handed over: api, rewritable, variant
+    model_captured: dict | None = None  # the model the run built: api, model_class, num_params, config (a dict)
+    workload: dict | None = None  # of the first generate: batch, prompt_len, new_tokens (per sequence), ...
     phases: list[dict] = field(default_factory=list)
     timeline: list[list] = field(default_factory=list)  # [seconds since start, host rss, gpu allocated, gpu reserved]
     stack: str | None = None
@@ -240,23 +248,39 @@ def _label_at(rec: RankRecord, t: float) -> str:
     return f"after {previous.label}" if previous else "start"
 
 
-def _where_in_stack(stack: str | None) -> str | None:
-    """'infer.py:63 in main, waiting in barrier' from a faulthandler dump of all threads."""
+def _main_frames(stack: str | None) -> list[tuple[str, str, str]]:
+    """(file, line, function) of the main thread, innermost first, from a faulthandler dump of all threads."""
     if not stack:
-        return None
+        return []
     blocks = re.split(r"\n(?=(?:Current thread|Thread) )", stack.strip())
     main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
-    frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
+    return re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
+
+
+_LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|dsdoctor/trace/")
+_COLLECTIVE = re.compile(r"torch/distributed/|deepspeed/comm/")
+
+
+def _user_frame(stack: str | None) -> str | None:
+    user = next((f for f in _main_frames(stack) if not _LIBRARY.search(f[0])), None)
+    return f"{user[0].rsplit('/', 1)[-1]}:{user[1]} in {user[2]}" if user else None
+
+
+def _in_collective(stack: str | None) -> bool | None:
+    frames = _main_frames(stack)
+    return any(_COLLECTIVE.search(f[0].replace("\\", "/")) for f in frames) if frames else None
+
+
+def _where_in_stack(stack: str | None) -> str | None:
+    """'infer.py:63 in main, waiting in barrier' from a faulthandler dump of all threads."""
+    frames = _main_frames(stack)
     if not frames:
         return None
     innermost = frames[0]
-    user = next((f for f in frames if not re.search(r"site-packages|dist-packages|/lib/python\d|dsdoctor/trace/", f[0])),
-                None)
-    inner = f"{innermost[2]}"
+    user = _user_frame(stack)
     if user:
-        short = user[0].rsplit("/", 1)[-1]
-        return f"{short}:{user[1]} in {user[2]}, waiting in {inner}"
-    return f"waiting in {inner} ({innermost[0].rsplit('/', 1)[-1]}:{innermost[1]})"
+        return f"{user}, waiting in {innermost[2]}"
+    return f"waiting in {innermost[2]} ({innermost[0].rsplit('/', 1)[-1]}:{innermost[1]})"
 
 
 def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
@@ -273,7 +297,7 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
     elif errors:
         status = "error"
     elif not rec.exited:
-        status = "hang" if timed_out else "killed"
+        status = "timeout" if timed_out else "killed"  # settle_timeout decides which timeouts are hangs
     else:
         status = "ok"
     tokens = sum(p.new_tokens or 0 for p in gens if p.t_end)
@@ -299,12 +323,18 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         config_passed=dict((init_cfg or {}).get("summary") or {}, api=(init_cfg or {}).get("api"),
                            source=(init_cfg or {}).get("source"),
                            variant_applied=(init_cfg or {}).get("variant_applied")) if init_cfg else None,
+        configs_seen=[{k: c.get(k) for k in ("api", "source", "rewritable", "variant_applied", "variant_changed")}
+                      for c in rec.configs],
         effective=engine or None,
+        config_captured=(init_cfg or {}).get("config"),
+        model_captured=_captured_model(rec), workload=_workload(gens),
     )
-    if status in ("hang", "killed"):
+    if status in ("timeout", "killed"):
         s.stopped_in = unfinished[-1].label if unfinished else (
             f"after {rec.phases[-1].label}" if rec.phases else "before any observed call")
         s.where = _where_in_stack(rec.stack)
+        s.user_frame = _user_frame(rec.stack)
+        s.in_collective = _in_collective(rec.stack)
     s.loop = gen_loop.summarize(rec, engine)
     t0 = rec.t0 or 0
     step = max(1, len(rec.samples) // 600)
@@ -312,10 +342,50 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
     return s
 
 
+def _captured_model(rec: RankRecord) -> dict | None:
+    """The model the run used: the one handed to DeepSpeed when there is one, else the largest one loaded."""
+    models = [m for m in rec.models if m.get("num_params")]
+    if not models:
+        return None
+    handed = [m for m in models if str(m.get("api", "")).startswith("deepspeed.")]
+    m = handed[-1] if handed else max(models, key=lambda m: m["num_params"])
+    return {k: m.get(k) for k in ("api", "model_class", "num_params", "param_dtype", "is_encoder_decoder", "config")}
+
+
+def _workload(gens: list[PhaseRecord]) -> dict | None:
+    """What the first generate ran: batch, prompt length, new tokens per sequence (as generated)."""
+    for p in gens:
+        if p.info.get("batch") is None:
+            continue
+        out = {"batch": p.info.get("batch"), "prompt_len": p.info.get("prompt_len"),
+               "max_new_tokens": p.info.get("max_new_tokens"), "encoder_decoder": p.info.get("encoder_decoder")}
+        per_seq = p.info.get("new_tokens_per_seq")
+        if per_seq is None and p.new_tokens is not None and p.info.get("batch"):
+            per_seq = p.new_tokens // p.info["batch"]
+        out["new_tokens"] = per_seq if per_seq is not None else out["max_new_tokens"]
+        return out
+    return None
+
+
+def settle_timeout(ranks: list[RankSummary]) -> None:
+    """Of the ranks still running at the timeout, call them hung only when they wait on each other: one waits
+    in a collective while the ranks are at different points (another phase or line, or already finished), or
+    while fewer ranks were observed than the world size. Otherwise they were stopped mid-work: "timeout"."""
+    running = [r for r in ranks if r.status == "timeout"]
+    if not running:
+        return
+    points = {(r.stopped_in, r.user_frame) if r.status == "timeout" else ("finished", None) for r in ranks}
+    world = max((r.world_size or 0 for r in ranks), default=0)
+    waiting = any(r.in_collective for r in running)
+    if waiting and (len(points) > 1 or world > len(ranks)):
+        for r in running:
+            r.status = "hang"
+
+
 # ------------------------------------------------------------------ findings
 
 def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: str, returncode, timeout,
-                   log: str | None, output_tail: str) -> list[Finding]:
+                   log: str | None, output_tail: str, timed_out: bool = False) -> list[Finding]:
     out: list[Finding] = []
     if not records:
         out.append(Finding("DSD309", {}))
@@ -372,7 +442,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     unpartitioned = _unpartitioned_finding(ranks, records)
     if unpartitioned:
         out.append(unpartitioned)
-    peak = _peak_finding(ranks, unpartitioned_at_init=unpartitioned is not None)
+    peak = _peak_finding(ranks, records, unpartitioned_at_init=unpartitioned is not None)
     if peak:
         out.append(peak)
 
@@ -389,24 +459,90 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
     for r in ranks:
         if r.status == "hang":
             where = f" ({r.where})" if r.where else ""
-            phase = r.stopped_in if r.stopped_in.startswith(("after", "before")) else f"in {r.stopped_in}"
-            out.append(Finding("DSD306", {"rank": r.rank, "phase": phase, "timeout": _num(timeout),
+            out.append(Finding("DSD306", {"rank": r.rank, "phase": _at(r.stopped_in), "timeout": _num(timeout),
                                           "where": where, "advice": _hang_advice(unsynced)}))
         elif r.status == "oom":
             phase = next((p["label"] for p in r.phases if p.get("error")), "after the last phase")
             out.append(Finding("DSD307", {"rank": r.rank, "phase": phase,
-                                          "error": (r.error or {}).get("message", "")[:160]}))
-    if status == "hang" and not any(f.code == "DSD306" for f in out):
-        out.append(Finding("DSD306", {"rank": "?", "phase": "before any observed call", "timeout": _num(timeout),
-                                      "where": "", "advice": _hang_advice(unsynced)}))
+                                          "error": clip((r.error or {}).get("message", ""), 160)}))
+    out += _timeout_findings(ranks, status, timeout, timed_out)
     if status == "oom" and not any(f.code == "DSD307" for f in out):
         out.append(Finding("DSD307", {"rank": "?", "phase": "an unobserved step",
                                       "error": _oom_line(output_tail)}))
     if status == "error":
-        err = next((r.error for r in ranks if r.error), None)
-        detail = f": {err['type']}: {err['message'][:160]}" if err else ""
-        out.append(Finding("DSD308", {"returncode": returncode, "detail": detail, "log": log or "the output above"}))
+        out += _error_findings(ranks, records, returncode, log, output_tail)
     return sort_findings(out)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a word boundary, with "..." when cut."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    if " " in cut[limit // 2:]:
+        cut = cut[: cut.rfind(" ")]
+    return cut.rstrip(" ,;:") + "..."
+
+
+def _at(stopped_in: str | None) -> str:
+    stopped_in = stopped_in or "before any observed call"
+    return stopped_in if stopped_in.startswith(("after", "before")) else f"in {stopped_in}"
+
+
+def _timeout_findings(ranks: list[RankSummary], status: str, timeout, timed_out: bool) -> list[Finding]:
+    """DSD318: stopped by the watchdog with no sign of ranks waiting on each other, where each rank was;
+    DSD319: every rank had finished and only the command itself (a launcher, a helper) was still running."""
+    if status == "timeout":
+        parts = []
+        for r in ranks:
+            if r.status == "timeout":
+                parts.append(f"rank {r.rank} {_at(r.stopped_in)}" + (f" ({r.where})" if r.where else ""))
+            else:
+                parts.append(f"rank {r.rank} {'had finished' if r.status == 'ok' else r.status}")
+        where = "; ".join(parts) or "no rank was observed"
+        return [Finding("DSD318", {"timeout": _num(timeout), "where": where})]
+    if timed_out and status == "ok" and ranks:
+        return [Finding("DSD319", {"timeout": _num(timeout), "ranks": ", ".join(str(r.rank) for r in ranks)})]
+    return []
+
+
+def _error_findings(ranks, records, returncode, log, output_tail) -> list[Finding]:
+    """Why the command failed: a launcher it needs (DSD321), the config doctor's own finding on the config
+    DeepSpeed rejected (e.g. DSD114), or else the error itself (DSD308)."""
+    err = next((r.error for r in ranks if r.error), None)
+    text = " ".join(filter(None, [(err or {}).get("message"), output_tail]))
+    if MPI_MISSING.search(text):
+        return [Finding("DSD321", {"error": "No module named 'mpi4py'"})]
+    rejected = _config_doctor_on_rejected(ranks, records)
+    if rejected:
+        return rejected
+    detail = f": {err['type']}: {clip(err['message'], 200)}" if err else ""
+    return [Finding("DSD308", {"returncode": returncode, "detail": detail, "log": log or "the output above"})]
+
+
+def _config_doctor_on_rejected(ranks, records) -> list[Finding]:
+    """When deepspeed.initialize raised, the config doctor's findings on the config it was given that make
+    DeepSpeed raise (empty when none explains the failure: then the error itself is reported)."""
+    for r in ranks:
+        # the config DeepSpeed parsed: at initialize, or at HfDeepSpeedConfig, whose zero.Init validates it
+        # inside from_pretrained/from_config (a rejection then fails the load, not the init)
+        if r.error is None or not isinstance(r.config_captured, dict) or \
+                (r.config_passed or {}).get("api") not in ("deepspeed.initialize", "HfDeepSpeedConfig"):
+            continue
+        try:
+            from dsdoctor.config.check import check
+
+            found = check(r.config_captured, mode="inference").findings
+        except Exception:  # the doctor cannot read it either: the error itself is the best we have
+            return []
+        return [f for f in found if f.code in REJECTING and f.effective_severity == "error"]
+    return []
+
+
+# the config doctor's findings that make DeepSpeed raise at initialize (a rejected key or value, an "auto" it
+# cannot use, stage 1/2 without an optimizer); other errors (an optimizer at inference) do not explain a failure
+REJECTING = ("DSD114", "DSD105", "DSD115")
 
 
 def _same_stage(configured, effective) -> bool:
@@ -436,6 +572,35 @@ def _hang_advice(unsynced: list[int]) -> Phrase:
 
 # phases with their own advice (DSD304's phrases); the last two only in a training loop
 _PHASE_ADVICE = ("load", "init", "generate", "init-training", "training-step")
+
+
+def _phase_advice(base: str, rec: RankRecord | None) -> Phrase:
+    """What to do about a peak in phase ``base``, fitted to what this run did (a DSD304 phrase)."""
+    configs = rec.configs if rec else []
+    phases = rec.phases if rec else []
+    zero3 = any(c.get("summary", {}).get("stage") == 3 for c in configs)
+    if base == "load":
+        first_load = next((p.t_start for p in phases if p.name == "load"), None)
+        hf_first = any(c.get("api") == "HfDeepSpeedConfig" and c.get("is_zero3") and first_load is not None
+                       and c.get("t", 0) <= first_load for c in configs)
+        if hf_first:
+            api = next((p.info.get("api") or "" for p in phases if p.name == "load"), "")
+            return Phrase("load-partitioned", {"loader": "from_config" if api.endswith("_from_config")
+                                               else "from_pretrained"})
+        if any(p.name == "init" and p.info.get("api") == "deepspeed.init_inference" for p in phases):
+            return Phrase("load-before-init-inference")
+        return Phrase("load" if zero3 else "load-whole")
+    if base == "init":
+        init = next((p for p in phases if p.name == "init"), None)
+        if init is not None and init.info.get("api") == "deepspeed.init_inference":
+            return Phrase("init-inference")
+        engine = (init.info.get("engine") if init else None) or {}
+        if init is not None and not engine.get("optimizer") and not init.error:
+            return Phrase("init-no-optimizer")
+        return Phrase("init")
+    if base == "generate" and not zero3:
+        return Phrase("generate-plain")
+    return Phrase(base if base in _PHASE_ADVICE else "other")
 
 
 def _why_unpartitioned(rec: RankRecord) -> Phrase:
@@ -489,7 +654,8 @@ def _unpartitioned_finding(ranks: list[RankSummary], records: list[RankRecord]) 
     return None
 
 
-def _peak_finding(ranks: list[RankSummary], unpartitioned_at_init: bool = False) -> Finding | None:
+def _peak_finding(ranks: list[RankSummary], records: list[RankRecord] | None = None,
+                  unpartitioned_at_init: bool = False) -> Finding | None:
     gpu = any(r.peak_gpu_bytes is not None for r in ranks)
     key = "peak_host_bytes"
     if gpu:
@@ -499,20 +665,36 @@ def _peak_finding(ranks: list[RankSummary], unpartitioned_at_init: bool = False)
         return None
     top = max(cands, key=lambda r: getattr(r, key))
     phase = top.peak_phase
-    base = phase.split("#")[0]
-    if top.loop and base == "init":  # a training loop needs what initialize builds
+    raw = phase.split("#")[0]
+    base = raw.split()[-1] if raw.split() else raw  # "before load#1" -> load
+    if top.loop and raw == "init":  # a training loop needs what initialize builds
         base = "init-training"
-    elif top.loop and base not in _PHASE_ADVICE:  # between generates a loop runs its training step
+    elif top.loop and raw not in _PHASE_ADVICE:  # between generates a loop runs its training step
         base = "training-step"
-    part = Phrase("init-unpartitioned" if base == "init" and unpartitioned_at_init
-                  else base if base in _PHASE_ADVICE else "other")
+    rec = next((x for x in records or [] if x.rank == top.rank), None)
+    if base == "init" and unpartitioned_at_init:
+        part = Phrase("init-unpartitioned")
+    elif base in ("load", "init", "generate"):
+        part = _phase_advice(base, rec)
+    else:
+        part = Phrase(base if base in _PHASE_ADVICE else "other")
     return Finding("DSD304", {"kind": Phrase("gpu" if gpu else "host"), "peak": human_bytes(getattr(top, key)),
                               "rank": top.rank, "phase": phase, "advice": Phrase("peak-is", {"part": part})})
 
 
 def run_status(ranks: list[RankSummary], returncode, timed_out: bool, output_tail: str) -> str:
+    """The run's status. With ``timed_out`` it first settles which still-running ranks are hung."""
     if timed_out:
-        return "hang"
+        settle_timeout(ranks)
+        if any(r.status == "hang" for r in ranks):
+            return "hang"
+        if any(r.status == "oom" for r in ranks):
+            return "oom"
+        if any(r.status == "error" for r in ranks):
+            return "error"
+        if ranks and all(r.status == "ok" for r in ranks):
+            return "ok"  # every rank had finished; only the command itself was still running (DSD319)
+        return "timeout"
     if any(r.status == "oom" for r in ranks) or (returncode not in (0, None) and OOM_TEXT.search(output_tail or "")):
         return "oom"
     if returncode not in (0, None) or any(r.status == "error" for r in ranks):

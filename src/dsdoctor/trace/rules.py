@@ -109,6 +109,29 @@ rule(
                            "dsdoctor ab shows whether offload_param matters",
                      "zh": "收集的层、KV cache 和激活：减小 batch 或缩短生成；dsdoctor ab 可显示 offload_param 是否相关"},
         "other": {"en": "something the script does outside the observed calls", "zh": "脚本在被观察调用之外做的事情"},
+        # the same phases, fitted to what the script already does (trace/report.py _phase_advice)
+        "load-partitioned": {
+            "en": "the weights at load, already partitioned as they load (HfDeepSpeedConfig was created before "
+                  "{loader}): more ranks or offload_param lower each rank's share",
+            "zh": "加载时的权重，加载时已被分片（HfDeepSpeedConfig 在 {loader} 之前创建）：更多 rank 或 offload_param "
+                  "可降低每个 rank 的份额"},
+        "load-before-init-inference": {
+            "en": "the whole model each rank loads before init_inference: load it in the dtype you run "
+                  "(from_pretrained(..., dtype=torch.bfloat16)) so no wider copy is made",
+            "zh": "init_inference 之前每个 rank 加载的完整模型：按运行时的精度加载（from_pretrained(..., "
+                  "dtype=torch.bfloat16)），避免更宽的副本"},
+        "load-whole": {"en": "the weights at load: every rank holds the whole model; plan shows which load path fits",
+                       "zh": "加载时的权重：每个 rank 都持有整个模型；plan 可显示哪种加载方式放得下"},
+        "init-inference": {
+            "en": "what deepspeed.init_inference does with the weights (cast to its dtype, sliced for tensor "
+                  "parallelism): pass the dtype the model already has",
+            "zh": "deepspeed.init_inference 对权重做的事（转换精度、按张量并行切分）：传入模型已有的精度"},
+        "init-no-optimizer": {
+            "en": "what deepspeed.initialize builds (no optimizer was built: the weights and their partitioning)",
+            "zh": "deepspeed.initialize 构建的东西（没有构建优化器：权重及其分片）"},
+        "generate-plain": {"en": "the KV cache and activations of generate: a smaller batch or shorter generation "
+                                 "lowers it",
+                           "zh": "generate 的 KV cache 和激活：减小 batch 或缩短生成可以降低它"},
         "init-unpartitioned": {
             "en": "the whole unpartitioned model that deepspeed.initialize moves to the device: build it under "
                   "zero.Init (HfDeepSpeedConfig before from_pretrained, kept alive; see DSD340)",
@@ -420,5 +443,141 @@ rule(
     ),
 )
 
+# ------------------------------------------------------------------ how a run ended, and what ab could do
+
+rule(
+    "DSD318", "run-timed-out", "warning",
+    message={"en": "the run did not end within {timeout}s; no rank was waiting on another: {where}",
+             "zh": "运行在 {timeout} 秒内没有结束；没有 rank 在等待其他 rank：{where}"},
+    fix={"en": "if the ranks were still working, give the run a longer --timeout; the stacks in report.json show "
+               "where each rank was",
+         "zh": "如果各 rank 仍在工作，请用更长的 --timeout；report.json 中的调用栈显示每个 rank 当时所在位置"},
+    explanation=explanation(
+        en=(
+            "The watchdog (`--timeout`) ended the run while ranks were still running, and nothing shows them waiting "
+        "on each other: no rank waited in a collective while another was elsewhere. It says where each rank was.",
+            "A timeout is not a hang. A healthy ZeRO-3 generate spends much of its time in all-gathers, so two ranks "
+        "stopped on the same line inside a collective are working, not stuck. Calling that a hang sends you "
+        "looking for diverging collectives that do not exist.",
+            "`dsdoctor trace --timeout 8 -- deepspeed --num_gpus 2 infer.py`: both ranks in generate#0 at infer.py:40.",
+            "`dsdoctor trace --timeout 900 -- deepspeed --num_gpus 2 infer.py`, or a shorter generation while you "
+        "trace.",
+        ),
+        zh=(
+            "看门狗（`--timeout`）结束运行时各 rank 仍在运行，且没有迹象表明它们在互相等待：没有 rank 在集合通信中"
+        "等待而另一个 rank 在别处。它会说明每个 rank 当时所在的位置。",
+            "超时不等于卡死。健康的 ZeRO-3 generate 大部分时间都在 all-gather 中，两个 rank 停在同一行的集合通信里"
+        "说明它们在工作，而不是卡住。把它叫作卡死，会让你去找并不存在的集合通信分歧。",
+            "`dsdoctor trace --timeout 8 -- deepspeed --num_gpus 2 infer.py`：两个 rank 都在 infer.py:40 的 "
+        "generate#0 中。",
+            "`dsdoctor trace --timeout 900 -- deepspeed --num_gpus 2 infer.py`，或在跟踪时缩短生成长度。",
+        ),
+    ),
+)
+
+rule(
+    "DSD319", "ranks-finished-command-lingered", "info",
+    message={"en": "every rank finished (rank {ranks}) but the command was still running after {timeout}s",
+             "zh": "所有 rank 都已完成（rank {ranks}），但命令在 {timeout} 秒后仍在运行"},
+    fix={"en": "nothing is wrong with the ranks' work; find the launcher or helper process that did not exit",
+         "zh": "各 rank 的工作没有问题；请找出没有退出的启动器或辅助进程"},
+    explanation=explanation(
+        en=(
+            "The watchdog (`--timeout`) ended a command whose ranks had all exited successfully before it.",
+            "The report of such a run is complete: every phase of every rank finished. What kept the command alive "
+        "was a launcher waiting on something else, or a process the script started and did not end.",
+            "Both ranks exit after generate; the script's own helper process keeps the launcher waiting.",
+            "End helper processes before the script exits, or give the launcher time to tear down.",
+        ),
+        zh=(
+            "看门狗（`--timeout`）结束了一个命令，而它的所有 rank 在此之前都已成功退出。",
+            "这种运行的报告是完整的：每个 rank 的每个阶段都已结束。让命令继续存活的是在等待其他东西的启动器，或者脚本"
+        "启动后没有结束的进程。",
+            "两个 rank 都在 generate 后退出；脚本自己的辅助进程让启动器一直等待。",
+            "在脚本退出前结束辅助进程，或给启动器留出清理时间。",
+        ),
+    ),
+)
+
+rule(
+    "DSD320", "ab-variants-not-applied", "error",
+    message={"en": "the config variants could not be applied ({variant}): {why}; ab stopped after {ran}",
+             "zh": "配置变体无法应用（{variant}）：{why}；ab 在 {ran} 之后停止"},
+    fix={"en": "{advice}", "zh": "{advice}"},
+    phrases={
+        "why-init-inference": {
+            "en": "the run hands its config to deepspeed.init_inference, which takes an inference config, not a ZeRO one",
+            "zh": "该运行把配置交给 deepspeed.init_inference，它接收的是推理配置而不是 ZeRO 配置"},
+        "why-not-rewritable": {
+            "en": "the config reached DeepSpeed in a form dsdoctor cannot rewrite (not a dict or a file)",
+            "zh": "配置以 dsdoctor 无法改写的形式（不是 dict 或文件）到达 DeepSpeed"},
+        "why-ended": {"en": "the run ended ({status}) before any config reached DeepSpeed",
+                      "zh": "运行在任何配置到达 DeepSpeed 之前就结束了（{status}）"},
+        "why-none": {"en": "no DeepSpeed config reached deepspeed.initialize or HfDeepSpeedConfig in this run",
+                     "zh": "本次运行中没有 DeepSpeed 配置到达 deepspeed.initialize 或 HfDeepSpeedConfig"},
+        "advice-plan": {
+            "en": "compare load paths with dsdoctor plan (and their outputs with dsdoctor compare); ab varies "
+                  "configs given to deepspeed.initialize or HfDeepSpeedConfig",
+            "zh": "用 dsdoctor plan 比较加载方式（用 dsdoctor compare 比较输出）；ab 只能改写交给 "
+                  "deepspeed.initialize 或 HfDeepSpeedConfig 的配置"},
+        "advice-dict": {"en": "pass the config to deepspeed.initialize as a dict or a file path",
+                        "zh": "把配置以 dict 或文件路径的形式传给 deepspeed.initialize"},
+        "advice-trace": {"en": "fix the run first: dsdoctor trace -- COMMAND shows where it stops",
+                         "zh": "先修复运行：dsdoctor trace -- COMMAND 会显示它停在哪里"},
+        "advice-no-config": {
+            "en": "ab needs a run that passes a DeepSpeed config; compare load paths with dsdoctor plan instead",
+            "zh": "ab 需要一个会传入 DeepSpeed 配置的运行；改用 dsdoctor plan 比较加载方式"},
+    },
+    explanation=explanation(
+        en=(
+            "ab rewrites the DeepSpeed config inside each rank, where the script hands it to `deepspeed.initialize` or "
+        "`HfDeepSpeedConfig`. The observer records whether the variant's config is what DeepSpeed received. When "
+        "the config never reaches those calls (an `init_inference` script, or no DeepSpeed at all), no variant "
+        "can change anything and ab stops instead of running the same program several times.",
+            "Identical runs labelled as different configs compare noise: two runs of the same program can differ "
+        "by tens of percent in tokens/s, and a table of them looks like a finding.",
+            "`dsdoctor ab -- python bloom_init_inference.py`: init_inference takes an inference config, not a ZeRO "
+        "config.",
+            "Compare the load paths instead: `dsdoctor plan`, or `dsdoctor compare` for their outputs.",
+        ),
+        zh=(
+            "ab 在每个 rank 内、脚本把 DeepSpeed 配置交给 `deepspeed.initialize` 或 `HfDeepSpeedConfig` 的地方改写配置。"
+        "观察器会记录 DeepSpeed 收到的是否是变体的配置。若配置根本不经过这些调用（使用 `init_inference` 的脚本，"
+        "或完全不用 DeepSpeed），任何变体都改变不了什么，ab 会停止，而不是把同一个程序运行多次。",
+            "把相同的运行标成不同的配置，比较的只是噪声：同一程序的两次运行 tokens/s 可以相差几十个百分点，"
+        "列成表却像是一个发现。",
+            "`dsdoctor ab -- python bloom_init_inference.py`：init_inference 接收的是推理配置，而不是 ZeRO 配置。",
+            "改为比较加载方式：`dsdoctor plan`，或用 `dsdoctor compare` 比较它们的输出。",
+        ),
+    ),
+)
+
+rule(
+    "DSD321", "needs-launcher", "error",
+    message={"en": "the script sets up distributed ranks but was started without a launcher: DeepSpeed looked "
+                   "for MPI and failed ({error})",
+             "zh": "脚本要建立分布式 rank，却没有通过启动器运行：DeepSpeed 转而寻找 MPI 并失败（{error}）"},
+    fix={"en": "run it with the deepspeed launcher (deepspeed --num_gpus N script.py) or torchrun "
+               "(torchrun --nproc_per_node N script.py)",
+         "zh": "用 deepspeed 启动器（deepspeed --num_gpus N script.py）或 torchrun "
+               "（torchrun --nproc_per_node N script.py）运行"},
+    explanation=explanation(
+        en=(
+            "Sees a run started as `python script.py` fail with `No module named 'mpi4py'`.",
+            "`deepspeed.init_distributed()` (also called by `deepspeed.initialize`) reads RANK, WORLD_SIZE and "
+        "MASTER_ADDR from the environment a launcher sets. Without them it falls back to MPI discovery, which "
+        "imports mpi4py: the error names a package you do not need.",
+            "```bash\npython infer.py   # calls deepspeed.init_distributed()\n```",
+            "```bash\ndeepspeed --num_gpus 2 infer.py\ntorchrun --nproc_per_node 2 infer.py\n```",
+        ),
+        zh=(
+            "发现以 `python script.py` 启动的运行因 `No module named 'mpi4py'` 失败。",
+            "`deepspeed.init_distributed()`（`deepspeed.initialize` 也会调用）从启动器设置的环境变量中读取 RANK、"
+        "WORLD_SIZE 和 MASTER_ADDR。没有它们时会退回到 MPI 发现，从而导入 mpi4py：报错提到的是你并不需要的包。",
+            "```bash\npython infer.py   # 调用了 deepspeed.init_distributed()\n```",
+            "```bash\ndeepspeed --num_gpus 2 infer.py\ntorchrun --nproc_per_node 2 infer.py\n```",
+        ),
+    ),
+)
 
 from dsdoctor.trace import loop_rules  # noqa: E402,F401  (DSD330-DSD332: generation inside training)

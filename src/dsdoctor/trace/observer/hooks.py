@@ -90,6 +90,48 @@ def _tp_from_config(cfg: dict):
     return cfg.get("mp_size")
 
 
+def _write_config(rec, api: str, source, passed, original=None, rewritable: bool = False, **extra) -> None:
+    """One ``config`` event: what the script passed to ``api`` (after the ab rewrite, when one was applied).
+
+    ``variant_applied`` names the ab variant whose config DeepSpeed received; ``rewritable`` says whether the
+    observer could have rewritten this config at all (a dict or file it read; never init_inference's)."""
+    fields = dict(api=api, source=source, config=_json_safe(passed), summary=_config_summary(passed),
+                  rewritable=rewritable, variant=_variant_name(), variant_applied=None, **extra)
+    if original is not None:
+        fields["variant_applied"] = _variant_name()
+        fields["variant_changed"] = _json_safe(original) != fields["config"]
+        fields["summary_before_variant"] = _config_summary(original)
+    rec.write("config", **fields)
+
+
+def _model_config_dict(model) -> dict | None:
+    cfg = getattr(model, "config", None)
+    to_dict = getattr(cfg, "to_dict", None)
+    if to_dict is None:
+        return None
+    return _json_safe(to_dict())
+
+
+def _write_model(rec, model, api: str) -> None:
+    """One ``model`` event: the model the run built (its class, parameter count, config.json as a dict), so a
+    report can plan for the model the script really used. Written once per model object at load, and again
+    when it is handed to DeepSpeed (that is the model the run serves)."""
+    if model is None or not hasattr(model, "parameters"):
+        return
+    key = id(model)
+    if key in _models_seen and not api.startswith("deepspeed."):  # handed to DeepSpeed: always say so
+        return
+    _models_seen.add(key)
+    info = _model_info(model)
+    cfg = _model_config_dict(model)
+    rec.write("model", api=api, model_class=info.get("model_class"), num_params=info.get("num_params"),
+              param_dtype=info.get("param_dtype"), zero3_partitioned=info.get("zero3_partitioned"),
+              is_encoder_decoder=bool((cfg or {}).get("is_encoder_decoder")), config=cfg)
+
+
+_models_seen: set[int] = set()
+
+
 def _rewrite(cfg: dict) -> dict:
     name = _variant_name()
     if not name or name == "as-is":
@@ -248,20 +290,21 @@ def _patch_deepspeed(ds):
         rec = recorder.get()
         if rec is None or rec.busy:
             return original_initialize(*args, **kwargs)
-        passed, source, applied = None, None, None
+        passed, source, original, setter = None, None, None, None
         try:
             bound = sig.bind_partial(*args, **kwargs)
+            _safe(_write_model, rec, bound.arguments.get("model"), "deepspeed.initialize")
             passed, source, setter = _resolve_initialize_config(bound)
             if passed is not None and setter is not None:
                 new = _rewrite(passed)
                 if new is not passed:
                     setter(new)
-                    applied = _variant_name()
+                    original, passed = passed, new
                     args, kwargs = bound.args, bound.kwargs
         except Exception as exc:
             _safe(rec.write, "observer_error", where="initialize", error=repr(exc))
-        _safe(rec.write, "config", api="deepspeed.initialize", source=source, config=_json_safe(passed),
-              summary=_config_summary(passed), variant_applied=applied)
+        _safe(_write_config, rec, "deepspeed.initialize", source, passed, original,
+              rewritable=passed is not None and setter is not None)
         state = None
         try:
             state = _safe(_partition_state, sig.bind_partial(*args, **kwargs).arguments.get("model"))
@@ -278,7 +321,8 @@ def _patch_deepspeed(ds):
         engine = result[0] if isinstance(result, tuple) else result
         _safe(loop.remember_engine, engine)
         info = _safe(_engine_info, engine) or {}
-        info.update(_safe(_model_info, engine.module if hasattr(engine, "module") else engine) or {})
+        module = engine.module if hasattr(engine, "module") else engine
+        info.update(_safe(_model_info, module) or {})
         _safe(rec.end, token, engine=info)
         return result
 
@@ -294,8 +338,8 @@ def _patch_deepspeed(ds):
         cfg = config if isinstance(config, dict) else (_load_config_file(config) if config else None)
         summary = dict(_config_summary(cfg))
         summary["tp_size"] = _safe(_inference_tp, cfg, kwargs)
-        _safe(rec.write, "config", api="deepspeed.init_inference", source="dict" if isinstance(config, dict)
-              else (os.fspath(config) if config else "kwargs"), config=_json_safe(cfg or kwargs), summary=summary)
+        _safe(_write_init_inference_config, rec, config, cfg, kwargs, summary)
+        _safe(_write_model, rec, model, "deepspeed.init_inference")
         before = _safe(_model_info, model) or {}
         shards = list(_shard_loads)
         if shards:
@@ -324,6 +368,14 @@ def _patch_deepspeed(ds):
     ds.init_inference = init_inference
 
 
+def _write_init_inference_config(rec, config, cfg, kwargs, summary) -> None:
+    """init_inference takes an inference config (or keyword arguments), never a ZeRO training config: ab's
+    variants cannot be applied to it, and the event says so (``rewritable`` false)."""
+    source = "dict" if isinstance(config, dict) else (os.fspath(config) if config else "kwargs")
+    rec.write("config", api="deepspeed.init_inference", source=source, config=_json_safe(cfg or kwargs),
+              summary=summary, rewritable=False, variant=_variant_name(), variant_applied=None)
+
+
 def _inference_tp(cfg, kwargs):
     for source in (cfg or {}, kwargs):
         tp = source.get("tensor_parallel")
@@ -340,6 +392,8 @@ def _inference_tp(cfg, kwargs):
 # ------------------------------------------------------------------------ torch
 
 def _patch_torch(torch):
+    # per-phase GPU peaks without changing what the program reads about its own memory (see PeakLedger)
+    _safe(recorder.shield_cuda_counters, getattr(torch, "_C", None))
     original_load = torch.load
     if getattr(original_load, "_dsdoctor", False):
         return
@@ -385,6 +439,7 @@ def _wrap_classmethod(cls, name: str, phase: str):
             _safe(rec.end, token, error=exc)
             raise
         _safe(rec.end, token, model=_safe(_model_info, model))
+        _safe(_write_model, rec, model, f"{klass.__name__}.{name}")
         return model
 
     wrapper._dsdoctor = True
@@ -413,6 +468,37 @@ def _generate_inputs(args, kwargs):
     return None
 
 
+def _generate_workload(model, args, kwargs) -> dict:
+    """Batch, prompt length, requested new tokens, and whether the model is an encoder-decoder."""
+    info = {}
+    inputs = _generate_inputs(args, kwargs)
+    if inputs is not None:
+        info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
+    config = getattr(model, "config", None)
+    info["encoder_decoder"] = bool(getattr(config, "is_encoder_decoder", False))
+    gen_cfg = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    max_new = kwargs.get("max_new_tokens", getattr(gen_cfg, "max_new_tokens", None))
+    if isinstance(max_new, int):
+        info["max_new_tokens"] = max_new
+    return info
+
+
+def _generated_tokens(out, info: dict) -> dict:
+    """Tokens generated, from generate's output. A decoder-only model returns prompt + new tokens; an
+    encoder-decoder model (T5, BART) returns only the decoder's tokens, starting with its start token."""
+    seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
+    if seq is None or len(seq.shape) < 2:
+        return {}
+    length = int(seq.shape[-1])
+    if info.get("encoder_decoder"):
+        per_seq = max(0, length - 1)
+    elif "prompt_len" in info:
+        per_seq = max(0, length - info["prompt_len"])
+    else:
+        return {}
+    return {"new_tokens": int(seq.shape[0]) * per_seq, "new_tokens_per_seq": per_seq}
+
+
 def _patch_generation(gu):
     cls = getattr(gu, "GenerationMixin", None)
     if cls is None or getattr(cls.generate, "_dsdoctor", False):
@@ -433,9 +519,7 @@ def _patch_generation(gu):
             info = {"synced_gpus_arg": requested, "hf_zero3": hf_z3, "world_size": world,
                     "synced_gpus": bool(requested) if requested is not None else bool(hf_z3 and world > 1),
                     "zero3_partitioned": first is not None and hasattr(first, "ds_id")}
-            inputs = _generate_inputs(args, kwargs)
-            if inputs is not None:
-                info["batch"], info["prompt_len"] = int(inputs.shape[0]), int(inputs.shape[-1])
+            info.update(_generate_workload(self, args, kwargs))
             info.update(loop.generate_info(self))
             cfg_text = self.config.to_json_string(use_diff=False)  # for ab's reading of the peak (plan's shape)
             if len(cfg_text) < 50_000:
@@ -466,12 +550,7 @@ def _patch_generation(gu):
             _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
             raise
         extra = {"forwards": counter.close() if counter else None}
-        try:
-            seq = out if hasattr(out, "shape") else getattr(out, "sequences", None)
-            if seq is not None and "prompt_len" in info:
-                extra["new_tokens"] = int(seq.shape[0]) * max(0, int(seq.shape[-1]) - info["prompt_len"])
-        except Exception:
-            pass
+        extra.update(_safe(_generated_tokens, out, info) or {})
         _safe(rec.end, token, **extra)
         return out
 
@@ -497,7 +576,8 @@ def _patch_hf_deepspeed(mod):
     @functools.wraps(original)
     def __init__(self, config_file_or_dict, *args, **kwargs):
         rec = recorder.get()
-        cfg, applied = None, None
+        cfg, before = None, None
+        source = "dict" if isinstance(config_file_or_dict, dict) else str(config_file_or_dict)
         if rec is not None:
             try:
                 cfg = config_file_or_dict if isinstance(config_file_or_dict, dict) else \
@@ -505,14 +585,13 @@ def _patch_hf_deepspeed(mod):
                 if cfg is not None:
                     new = _rewrite(cfg)
                     if new is not cfg:
-                        config_file_or_dict, cfg, applied = new, new, _variant_name()
+                        config_file_or_dict, before, cfg = new, cfg, new
             except Exception:
                 pass
         original(self, config_file_or_dict, *args, **kwargs)
         if rec is not None:
-            source = "dict" if isinstance(config_file_or_dict, dict) else str(config_file_or_dict)
-            _safe(rec.write, "config", api="HfDeepSpeedConfig", source=source, config=_json_safe(cfg),
-                  summary=_config_summary(cfg), variant_applied=applied, is_zero3=_safe(self.is_zero3))
+            _safe(_write_config, rec, "HfDeepSpeedConfig", source, cfg, before, rewritable=cfg is not None,
+                  is_zero3=_safe(self.is_zero3))
 
     __init__._dsdoctor = True
     cls.__init__ = __init__

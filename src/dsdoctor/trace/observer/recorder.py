@@ -46,7 +46,8 @@ def host_rss() -> int | None:
 
 
 def host_peak_rss() -> int | None:
-    """VmHWM: the process's peak RSS since start or since the last ``reset_host_peak``."""
+    """VmHWM: the process's peak RSS since it started. Read only: the observer never resets it (writing
+    ``/proc/self/clear_refs`` would change what the traced program reads about itself)."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -57,13 +58,149 @@ def host_peak_rss() -> int | None:
     return None
 
 
-def reset_host_peak() -> bool:
-    try:  # Linux: "5" resets VmHWM to the current RSS
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
+class HostPeak:
+    """Per-phase peak RSS without touching the process's own counters.
+
+    Between two marks it keeps the largest RSS the sampler thread saw; and when VmHWM (the lifetime peak,
+    exact to the page) rose between the marks, the new lifetime peak was reached inside the interval, so
+    that value is the exact interval peak."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._hwm = host_peak_rss()
+        self._max = host_rss()
+
+    def sample(self, rss: int | None) -> None:
+        if rss is None:
+            return
+        with self._lock:
+            if self._max is None or rss > self._max:
+                self._max = rss
+
+    def mark(self) -> int | None:
+        """The peak since the previous mark; starts the next interval."""
+        rss, hwm = host_rss(), host_peak_rss()
+        with self._lock:
+            seen = [v for v in (self._max, rss) if v is not None]
+            peak = max(seen) if seen else None
+            if hwm is not None and self._hwm is not None and hwm > self._hwm:
+                peak = hwm
+            self._hwm, self._max = hwm, rss
+        return peak
+
+
+class PeakLedger:
+    """What the traced program sees of the CUDA allocator's peak counters, although the observer resets them
+    at every phase boundary to measure per-phase peaks.
+
+    For each device it carries the largest peaks of the intervals the observer closed since the program's
+    own last reset; the program is shown ``max(carried, raw)`` for every ``peak`` statistic, which is what the
+    allocator would report had the observer never reset it. A reset by the program clears the carry (and
+    resets the allocator), as it would without the observer. Installed below torch's Python API, on
+    ``torch._C``, so ``torch.cuda.max_memory_allocated``, ``memory_stats``, ``memory_stats_as_nested_dict``
+    and ``torch.accelerator``'s functions all agree."""
+
+    def __init__(self, raw_stats, raw_reset):
+        self.raw_stats = raw_stats  # device index -> nested stats dict (the allocator's own)
+        self.raw_reset = raw_reset  # device index -> None: resets the allocator's peaks
+        self._carry: dict = {}  # device -> {path tuple: peak}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def peaks(nested, prefix=()):
+        """(path, value) of every ``peak`` entry of a nested stats dict."""
+        if isinstance(nested, dict):
+            for key, value in nested.items():
+                if key == "peak" and isinstance(value, (int, float)):
+                    yield prefix, value
+                else:
+                    yield from PeakLedger.peaks(value, prefix + (key,))
+
+    def view(self, device, nested):
+        """``nested`` (raw stats of ``device``) with each peak raised to the carried one."""
+        with self._lock:
+            carry = dict(self._carry.get(device) or {})
+        if not carry or not isinstance(nested, dict):
+            return nested
+
+        def adjust(node, prefix):
+            if not isinstance(node, dict):
+                return node
+            out = {}
+            for key, value in node.items():
+                if key == "peak" and isinstance(value, (int, float)) and prefix in carry:
+                    out[key] = max(value, carry[prefix])
+                else:
+                    out[key] = adjust(value, prefix + (key,))
+            return out
+
+        return adjust(nested, ())
+
+    def observer_reset(self, device) -> dict:
+        """Close an interval: remember its peaks for the program, reset the allocator; return the raw nested
+        stats of the closed interval (its peaks are the interval's own)."""
+        nested = self.raw_stats(device)
+        with self._lock:
+            carry = self._carry.setdefault(device, {})
+            for path, value in self.peaks(nested):
+                if path not in carry or value > carry[path]:
+                    carry[path] = value
+        self.raw_reset(device)
+        return nested
+
+    def forget(self, device) -> None:
+        """The program reset its peaks: from now on it sees the allocator's own again."""
+        with self._lock:
+            self._carry.pop(device, None)
+
+
+_LEDGER: PeakLedger | None = None
+
+
+def shield_cuda_counters(torch_c) -> PeakLedger | None:
+    """Wrap the allocator-stat entry points of ``torch._C`` (CUDA, and ``torch.accelerator`` over the same
+    allocator) with one ledger; idempotent. Returns the ledger, or None when this torch has no CUDA stats."""
+    global _LEDGER
+    if _LEDGER is not None:
+        return _LEDGER
+    stats = getattr(torch_c, "_cuda_memoryStats", None)
+    reset = getattr(torch_c, "_cuda_resetPeakMemoryStats", None)
+    if stats is None or reset is None:
+        return None
+    ledger = PeakLedger(stats, reset)
+
+    def _cuda_memoryStats(device):
+        return ledger.view(device, stats(device))
+
+    def _cuda_resetPeakMemoryStats(device):
+        ledger.forget(device)
+        return reset(device)
+
+    torch_c._cuda_memoryStats = _cuda_memoryStats
+    torch_c._cuda_resetPeakMemoryStats = _cuda_resetPeakMemoryStats
+    acc_stats = getattr(torch_c, "_accelerator_getDeviceStats", None)
+    acc_reset = getattr(torch_c, "_accelerator_resetPeakStats", None)
+    if acc_stats is not None and acc_reset is not None:
+        def _accelerator_getDeviceStats(device):
+            return ledger.view(device, acc_stats(device))
+
+        def _accelerator_resetPeakStats(device):
+            ledger.forget(device)
+            return acc_reset(device)
+
+        torch_c._accelerator_getDeviceStats = _accelerator_getDeviceStats
+        torch_c._accelerator_resetPeakStats = _accelerator_resetPeakStats
+    _LEDGER = ledger
+    return ledger
+
+
+def _raw_gpu_peaks(nested) -> tuple[int | None, int | None]:
+    def get(kind):
+        try:
+            return int(nested[kind]["all"]["peak"])
+        except (KeyError, TypeError, ValueError):
+            return None
+    return get("allocated_bytes"), get("reserved_bytes")
 
 
 def host_total() -> int | None:
@@ -114,7 +251,7 @@ class Recorder:
         self._busy = threading.local()
         self.device = None  # CUDA device index of this rank, learned from the main thread
         self.counts: dict[str, int] = {}
-        self._host_peak_resettable = reset_host_peak()
+        self._host_peak = HostPeak()
         self._install_stack_dump(stem + ".stack.txt")
         self.write("start", rank=self.rank, local_rank=_int_env("LOCAL_RANK"), world_size=_int_env("WORLD_SIZE"),
                    host=self.host, pid=self.pid, argv=list(sys.argv), host_total=host_total(),
@@ -149,6 +286,7 @@ class Recorder:
             try:
                 now = time.time()
                 row = [round(now, 3), host_rss(), None, None]
+                self._host_peak.sample(row[1])
                 cuda = _cuda()
                 if cuda is not None and self.device is not None:
                     row[2] = cuda.memory_allocated(self.device)
@@ -177,7 +315,7 @@ class Recorder:
 
     def close(self):
         try:
-            self.write("exit", host_rss=host_rss(), host_peak=None if self._host_peak_resettable else host_peak_rss())
+            self.write("exit", host_rss=host_rss(), host_peak=host_peak_rss())
             self._stop.set()
             with self._lock:
                 self._flush_samples_locked()
@@ -199,14 +337,20 @@ class Recorder:
                 pass
 
     def _gpu_peaks(self) -> dict:
+        """Peaks of the interval since the previous phase boundary, and start the next interval. With the
+        counter shield in place the allocator is reset here and the program still sees its own peaks."""
         cuda = _cuda()
         if cuda is None or self.device is None:
             return {}
         out = {}
         try:
             cuda.synchronize(self.device)
-            out["peak_gpu_allocated"] = cuda.max_memory_allocated(self.device)
-            out["peak_gpu_reserved"] = cuda.max_memory_reserved(self.device)
+            if _LEDGER is not None:
+                alloc, reserved = _raw_gpu_peaks(_LEDGER.observer_reset(self.device))
+            else:  # no shield (an unusual torch): lifetime peaks, never reset behind the program's back
+                alloc, reserved = cuda.max_memory_allocated(self.device), cuda.max_memory_reserved(self.device)
+            out["peak_gpu_allocated"] = alloc
+            out["peak_gpu_reserved"] = reserved
             out["gpu_allocated"] = cuda.memory_allocated(self.device)
             free, total = cuda.mem_get_info(self.device)
             out["gpu_used_device"] = total - free  # what nvidia-smi (NVML) shows, all processes
@@ -214,16 +358,6 @@ class Recorder:
         except Exception:
             pass
         return out
-
-    def _reset_peaks(self):
-        cuda = _cuda()
-        if cuda is not None and self.device is not None:
-            try:
-                cuda.reset_peak_memory_stats(self.device)
-            except Exception:
-                pass
-        if self._host_peak_resettable:
-            reset_host_peak()
 
     def begin(self, name: str, **info) -> dict:
         self._busy.on = True
@@ -240,10 +374,9 @@ class Recorder:
         # peaks of the time since the previous phase, so nothing between phases is lost
         before = self._gpu_peaks()
         self.write("phase_start", phase=name, index=index, host_rss=host_rss(),
-                   gap_peak_host_rss=host_peak_rss() if self._host_peak_resettable else None,
+                   gap_peak_host_rss=self._host_peak.mark(),
                    gap_peak_gpu_reserved=before.get("peak_gpu_reserved"),
                    gap_peak_gpu_allocated=before.get("peak_gpu_allocated"), **info)
-        self._reset_peaks()
         return {"phase": name, "index": index, "t0": time.perf_counter()}
 
     def end(self, token: dict, error: BaseException | None = None, **info) -> None:
@@ -251,12 +384,11 @@ class Recorder:
             self.learn_device()
             duration = time.perf_counter() - token["t0"]
             fields = dict(phase=token["phase"], index=token["index"], duration_s=duration, host_rss=host_rss(),
-                          peak_host_rss=host_peak_rss() if self._host_peak_resettable else None,
+                          peak_host_rss=self._host_peak.mark(),
                           pinned_host_bytes=pinned_host_bytes(), **self._gpu_peaks(), **info)
             if error is not None:
                 fields["error"] = describe_error(error)
             self.write("phase_end", **fields)
-            self._reset_peaks()
         finally:
             self._busy.on = False
 

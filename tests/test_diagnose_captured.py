@@ -1,0 +1,114 @@
+"""diagnose -- COMMAND without --config/--model: the report is about what that run passed to DeepSpeed (the
+config captured at deepspeed.initialize / HfDeepSpeedConfig / init_inference), the model it built and the
+workload it generated with; never about the bundled example."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import deepspeed_env, free_port, run_cli
+
+SCRIPTS = Path(__file__).parent / "scripts"
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+BUNDLED_ONLY = {"DSD101", "DSD102", "DSD105", "DSD203"}  # what the bundled 7B training example reports
+
+
+def _diagnose(out, *command, env=None):
+    r = run_cli("diagnose", "--out", str(out), "--format", "json", "--timeout", "400", "--", *map(str, command),
+                env=env, timeout=600)
+    return r, json.loads(r.stdout) if r.stdout.strip() else None
+
+
+def test_hfdeepspeedconfig_dict_in_code_is_captured_and_diagnosed(tmp_path):
+    out = tmp_path / "d"
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "generate_plain.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert data["sources"]["config"] == "captured from HfDeepSpeedConfig: a dict built in the script"
+    assert data["sources"]["model"].startswith("captured from the run: LlamaForCausalLM")
+    assert data["sources"]["workload"] == "batch 3, prompt 5 tokens, 4 new tokens (from the run)"
+    assert json.loads((out / "ds_config_captured.json").read_text()) == {
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+    model = json.loads((out / "model" / "config.json").read_text())
+    assert model["hidden_size"] == 32 and model["architectures"] == ["LlamaForCausalLM"]
+    steps = {(s["step"], i): s for i, s in enumerate(data["steps"])}
+    check = steps[("effective", 0)]
+    assert check["status"] == "done" and check["summary"].startswith("ZeRO stage 3, offload_param cpu")
+    assert not BUNDLED_ONLY & {f["code"] for f in data["findings"]}
+    assert "bundled example" not in (out / "report.md").read_text()
+
+
+def test_bundled_example_says_so():
+    from dsdoctor.diagnose import DiagnoseResult
+
+    r = DiagnoseResult("ex.json", "llama-7b", "out", [], None, sources={"config": "bundled example",
+                                                                      "model": "bundled example"})
+    assert "bundled example" in r.to_markdown() and "bundled example" in r.to_text()
+    assert "内置示例" in r.to_markdown("zh")
+
+
+@pytest.mark.deepspeed
+def test_two_rank_script_with_its_config_in_code_is_reported_on_its_own_terms(tmp_path):
+    out = tmp_path / "d"
+    r, data = _diagnose(out, DEEPSPEED, "--num_gpus", "2", "--master_port", free_port(),
+                        SCRIPTS / "infer_config_in_code.py", "--batch", "2", "--new-tokens", "8",
+                        env=deepspeed_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert data["sources"]["config"] == "captured from deepspeed.initialize: a dict built in the script"
+    assert data["sources"]["workload"] == "batch 2, prompt 6 tokens, 8 new tokens (from the run)"
+    assert json.loads((out / "ds_config_captured.json").read_text()) == {
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+    traced = next(s for s in data["steps"] if s["step"] == "effective" and "trace" in s["data"])["data"]["trace"]
+    assert [x["zero_stage"] for x in traced["ranks"]] == [3, 3]
+    captured = traced["ranks"][0]["model_captured"]
+    assert captured["model_class"] == "LlamaForCausalLM" and captured["num_params"] > 0
+    assert captured["num_params"] // 10**6 == 0 and str(round(captured["num_params"] / 1e6, 2)) in \
+        data["sources"]["model"]
+    plan = next(s for s in data["steps"] if s["step"] == "need-zero3")
+    assert plan["status"] == "done"
+    split = next(s for s in data["steps"] if s["step"] == "split")
+    assert split["status"] == "done" and split["data"]["config"]["zero_optimization"]["stage"] == 3
+    codes = {f["code"] for f in data["findings"]}
+    assert not BUNDLED_ONLY & codes, codes  # only this run's findings: no optimizer, no "auto"
+    report = (out / "report.md").read_text()
+    assert "bundled example" not in report and "train_zero3_offload" not in report
+
+
+@pytest.mark.deepspeed
+def test_init_inference_script_is_not_told_to_split(tmp_path):
+    out = tmp_path / "d"
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "init_inference_tiny.py", env=deepspeed_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = data["steps"]
+    assert steps[0]["step"] == "effective" and steps[0]["status"] == "skipped"
+    assert "init_inference" in steps[0]["summary"]
+    split = next(s for s in steps if s["step"] == "split")
+    assert split["status"] == "skipped" and not (out / "ds_inference.json").exists()
+    assert not any("dsdoctor split" in f["fix"] for f in data["findings"])
+    assert data["sources"]["model"].startswith("captured from the run: LlamaForCausalLM")
+    exit_step = next(s for s in steps if s["step"] == "exit")
+    assert "does not use ZeRO-3" in exit_step["summary"]  # nothing to leave
+
+
+def test_workload_flags_win_then_the_run_then_defaults_that_fit_the_model():
+    from dsdoctor.diagnose import _workload
+
+    run = {"batch": 2, "prompt_len": 6, "new_tokens": 8}
+    assert _workload(None, None, None, run) == (2, 6, 8, "from the run")
+    assert _workload(4, None, None, run)[:3] == (4, 6, 8)
+    assert _workload(None, None, None, None) == (1, 512, 128, "defaults")
+    b, p, n, _ = _workload(None, None, None, None, max_positions=128)  # a small model, no generate observed
+    assert p + n <= 128 and p > n > 0
+
+
+def test_encoder_decoder_run_is_not_planned_as_a_decoder(tmp_path):
+    out = tmp_path / "d"
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "t5_generate.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert data["sources"]["config"].startswith("the run passed no config")
+    assert "T5ForConditionalGeneration" in data["sources"]["model"] and "encoder-decoder" in data["sources"]["model"]
+    plan = next(s for s in data["steps"] if s["step"] == "need-zero3")
+    assert plan["status"] == "skipped" and "encoder-decoder" in plan["summary"]
+    assert data["sources"]["workload"] == "batch 3, prompt 20 tokens, 5 new tokens (from the run)"
