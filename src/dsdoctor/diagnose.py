@@ -137,9 +137,7 @@ class DiagnoseResult:
 
     def _inputs_line(self, lang: str) -> str:
         cfg, model = self._source("config", lang), self._source("model", lang)
-        if lang == "zh":
-            return f"配置：{self.config}（{cfg}）；模型：{self.model}（{model}）"
-        return f"config: {self.config} ({cfg}); model: {self.model} ({model})"
+        return pick(INPUTS_LINE, lang).format(config=self.config, cfg=cfg, model=self.model, model_src=model)
 
     def _inputs_markdown(self, lang: str) -> str:
         rows = [("config", self.config, self._source("config", lang)),
@@ -155,6 +153,10 @@ class DiagnoseResult:
                     "环境：请传入 `--config`/`--model`，或在 `--` 之后给出你的命令。")
             out += f"\n{note}\n"
         return out
+
+
+INPUTS_LINE = {"en": "config: {config} ({cfg}); model: {model} ({model_src})",
+               "zh": "配置：{config}（{cfg}）；模型：{model}（{model_src}）"}
 
 
 def _t(en: str, zh: str) -> dict[str, str]:

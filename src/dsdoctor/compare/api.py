@@ -18,12 +18,25 @@ from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
+from dsdoctor.i18n import pick
 from dsdoctor.model.spec import load_model_spec, normalize_dtype
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
 
 PROBE_COUNT = 64
 PROBE_SEED = 7
 TOP_K = 8
+
+
+TEXT = {
+    "header": {"en": "dsdoctor compare: {what}\ndtype {dtype}, {prompts} prompts x {new} new tokens, greedy{ranks}",
+               "zh": "dsdoctor compare: {what}\n数据类型 {dtype}，{prompts} 个提示 × {new} 个新 token，贪心解码{ranks}"},
+    "ranks": {"en": ", {ranks} ranks for multi-rank paths", "zh": "，多 rank 路径 {ranks} 个 rank"},
+    "identical": {"en": "identical on {n}/{n} prompts", "zh": "{n}/{n} 个提示完全相同"},
+    "counts": {"en": "{parts} (max logit diff {max_diff})", "zh": "{parts}（最大 logit 差 {max_diff}）"},
+    "sep": {"en": ", ", "zh": "，"},
+    "status_match": {"en": "match", "zh": "一致"}, "status_near-tie": {"en": "near-tie", "zh": "近似平局"},
+    "status_drift": {"en": "drift", "zh": "logit 漂移"}, "status_mismatch": {"en": "mismatch", "zh": "不一致"},
+}
 
 
 @dataclass
@@ -111,13 +124,9 @@ class CompareResult:
     def _header(self, lang: str) -> str:
         what = self.model_dir if not self.model_dir_b else f"A={self.model_dir}  B={self.model_dir_b}"
         multi = any(p in MULTI_RANK for p in self.paths)
-        if lang == "zh":
-            ranks = f"，多 rank 路径 {self.ranks} 个 rank" if multi else ""
-            return (f"dsdoctor compare: {what}\n数据类型 {self.dtype}，{len(self.prompts)} 个提示 × "
-                    f"{self.max_new_tokens} 个新 token，贪心解码{ranks}")
-        ranks = f", {self.ranks} ranks for multi-rank paths" if multi else ""
-        return (f"dsdoctor compare: {what}\ndtype {self.dtype}, {len(self.prompts)} prompts x "
-                f"{self.max_new_tokens} new tokens, greedy{ranks}")
+        ranks = pick(TEXT["ranks"], lang).format(ranks=self.ranks) if multi else ""
+        return pick(TEXT["header"], lang).format(what=what, dtype=self.dtype, prompts=len(self.prompts),
+                                                 new=self.max_new_tokens, ranks=ranks)
 
     def _run_rows(self, lang: str, style: Style | None):
         pair_of = {p.other: p for p in self.pairs}
@@ -198,16 +207,11 @@ def _verdict(pair: PairResult, lang: str, style: Style | None) -> str:
     if style:
         glyph = {"match": style.ok, "near-tie": style.info, "drift": style.error, "mismatch": style.error}[worst] + " "
     max_diff = _num(max((d.max_logit_diff for d in pair.diffs), default=0))
-    if lang == "zh":
-        names = {"match": "一致", "near-tie": "近似平局", "drift": "logit 漂移", "mismatch": "不一致"}
-        if pair.identical:
-            return f"{glyph}{n}/{n} 个提示完全相同"
-        parts = "，".join(f"{names[s]} {c}/{n}" for s, c in counts.items() if c)
-        return f"{glyph}{parts}（最大 logit 差 {max_diff}）"
     if pair.identical:
-        return f"{glyph}identical on {n}/{n} prompts"
-    parts = ", ".join(f"{s} {c}/{n}" for s, c in counts.items() if c)
-    return f"{glyph}{parts} (max logit diff {max_diff})"
+        return glyph + pick(TEXT["identical"], lang).format(n=n)
+    names = {s: pick(TEXT["status_" + s], lang) for s in STATUSES}
+    parts = pick(TEXT["sep"], lang).join(f"{names[s]} {c}/{n}" for s, c in counts.items() if c)
+    return glyph + pick(TEXT["counts"], lang).format(parts=parts, max_diff=max_diff)
 
 
 # -- validation -------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from dsdoctor.findings import Finding
+from dsdoctor.i18n import pick
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
@@ -94,11 +95,13 @@ def attribution(v) -> dict | None:
             "remainder": int(measured - sum(parts.values())), "gathered_per_step": b["gathered_per_step"]}
 
 
+UNEXPLAINED = {"en": "unexplained ", "zh": "未解释的余量 "}
+
+
 def _line(a: dict, lang: str) -> str:
-    names = {k: (zh if lang == "zh" else en) for k, en, zh in PARTS}
+    names = {k: pick({"en": en, "zh": zh}, lang) for k, en, zh in PARTS}
     parts = " + ".join(f"{names[k]} {human_bytes(x)}" for k, x in a["parts"].items())
-    rest = ("未解释的余量 " if lang == "zh" else "unexplained ") + ("-" if a["remainder"] < 0 else "") \
-        + human_bytes(abs(a["remainder"]))
+    rest = pick(UNEXPLAINED, lang) + ("-" if a["remainder"] < 0 else "") + human_bytes(abs(a["remainder"]))
     return f"{a['variant']} ({a['path']}, {a['kind']}): {human_bytes(a['measured'])} = {parts} + {rest}"
 
 

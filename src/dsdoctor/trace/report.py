@@ -29,6 +29,9 @@ _T = {
     "status": {"en": "status", "zh": "状态"}, "phase": {"en": "phase", "zh": "阶段"}, "time": {"en": "time", "zh": "耗时"},
     "pinned": {"en": "pinned", "zh": "锁页"}, "phases": {"en": "Phases", "zh": "阶段"}, "ranks": {"en": "Ranks", "zh": "各 rank"},
     "findings": {"en": "Findings", "zh": "发现"}, "files": {"en": "files", "zh": "文件"},
+    "loop": {"en": "generate inside training", "zh": "训练循环内的 generate"},
+    "headline": {"en": "dsdoctor trace{v}: {what}\n  status {status}, exit {rc}, {wall:.1f}s, {n} rank(s)\n",
+                 "zh": "dsdoctor trace{v}: {what}\n  状态 {status}，返回码 {rc}，{wall:.1f} 秒，{n} 个 rank\n"},
 }
 
 
@@ -142,11 +145,8 @@ class TraceResult:
     def headline(self, lang: str) -> str:
         what = " ".join(self.command)
         v = f" [{self.variant}]" if self.variant else ""
-        if lang == "zh":
-            return f"dsdoctor trace{v}: {what}\n  状态 {self.status}，返回码 {_fmt(self.returncode)}，" \
-                   f"{self.wall_s:.1f} 秒，{len(self.ranks)} 个 rank\n"
-        return f"dsdoctor trace{v}: {what}\n  status {self.status}, exit {_fmt(self.returncode)}, {self.wall_s:.1f}s, " \
-               f"{len(self.ranks)} rank(s)\n"
+        return _t("headline", lang).format(v=v, what=what, status=self.status, rc=_fmt(self.returncode),
+                                           wall=self.wall_s, n=len(self.ranks))
 
     def to_text(self, lang: str = "en", style=None) -> str:
         rh, ph = self._heads(lang)
@@ -170,7 +170,7 @@ class TraceResult:
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
         if any(r.loop for r in self.ranks):
-            out[-2:-2] = ["\n## " + ("训练循环内的 generate" if lang == "zh" else "generate inside training") + "\n\n",
+            out[-2:-2] = ["\n## " + _t("loop", lang) + "\n\n",
                           markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         for r in self.ranks:
             if r.timeline_png:
