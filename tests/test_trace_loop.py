@@ -150,11 +150,17 @@ def test_multinode_command_without_node_rank_is_bad_input(tmp_path):
 # ------------------------------------------------------------------ real DeepSpeed on 2 CPU ranks
 
 def _tokens(log: Path) -> dict:
-    out = {}
-    for line in log.read_text().splitlines():
-        if line.startswith('{"rank"'):
-            d = json.loads(line)
+    """Each rank's final JSON object. The ranks run with ``python -u``, so ``print`` writes the object and its
+    newline separately and two ranks' lines can run together: decode each object where it starts."""
+    out, text, decoder = {}, log.read_text(), json.JSONDecoder()
+    start = text.find('{"rank"')
+    while start != -1:
+        try:
+            d, end = decoder.raw_decode(text, start)
             out[d["rank"]] = d
+        except ValueError:  # not an object: e.g. a warning that quotes the script's print line
+            end = start + 1
+        start = text.find('{"rank"', end)
     return out
 
 
