@@ -19,22 +19,12 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
 from dsdoctor.units import human_bytes
 
-STEP_TITLES = {
-    "effective": {"en": "1. What takes effect", "zh": "1. 实际生效的设置"},
-    "need-zero3": {"en": "2. Does this inference need ZeRO-3?", "zh": "2. 推理需要 ZeRO-3 吗？"},
-    "split": {"en": "3. The inference config", "zh": "3. 推理专用配置"},
-    "ab": {"en": "4. Peak with and without offload_param", "zh": "4. 有无 offload_param 的峰值对比"},
-    "exit": {"en": "5. The way out", "zh": "5. 解决方案"},
-}
-TEXT = {
-    "report": {"en": "report", "zh": "报告"},
-    "title": {"en": "dsdoctor diagnosis", "zh": "dsdoctor 诊断报告"},
-    "recommended": {"en": "Recommended load path", "zh": "推荐的加载方式"},
-}
+STEP_TITLES = message_table("diagnose.STEP_TITLES")  # the texts live in dsdoctor/messages.json
+TEXT = message_table("diagnose.TEXT")  # the texts live in dsdoctor/messages.json
 
 
 def bundled_example() -> tuple[Path, Path]:

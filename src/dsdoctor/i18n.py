@@ -19,3 +19,17 @@ def pick(texts: dict[str, str] | str, lang: str) -> str:
     if isinstance(texts, str):
         return texts
     return texts.get(lang) or texts["en"]
+
+
+_MESSAGES: dict | None = None
+
+
+def message_table(name: str) -> dict[str, dict[str, str]]:
+    """One module's table of UI texts ({key: {"en": ..., "zh": ...}}) from messages.json (data, not code)."""
+    global _MESSAGES
+    if _MESSAGES is None:
+        import json
+        from pathlib import Path
+
+        _MESSAGES = json.loads((Path(__file__).with_name("messages.json")).read_text(encoding="utf-8"))
+    return _MESSAGES[name]

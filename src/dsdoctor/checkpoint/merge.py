@@ -23,7 +23,7 @@ from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, writ
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import (
     Style,
     findings_markdown,
@@ -43,22 +43,7 @@ CONFIG_MAX_BYTES = 16 * 2**20
 
 
 # the words of the rendered merge, per language
-TEXT = {
-    "checkpoint": {"en": "checkpoint", "zh": "检查点"},
-    "stage ranks": {"en": "ZeRO stage / ranks", "zh": "ZeRO 阶段 / rank 数"},
-    "tensors": {"en": "tensors", "zh": "张量"},
-    "tensors value": {"en": "{tensors} ({params} parameters, {frozen} frozen, {buffers} buffers)",
-                      "zh": "{tensors} 个({params} 参数,{frozen} 个冻结,{buffers} 个 buffer)"},
-    "written": {"en": "written", "zh": "写出"},
-    "written value": {"en": "{out}: {shards} shard(s), {size} {dtype}", "zh": "{out}: {shards} 个分片,{size} {dtype}"},
-    "tied": {"en": "tied", "zh": "绑定"},
-    "stored once": {"en": " (stored once)", "zh": "(只存一份)"},
-    "copied tied": {"en": " (copied)", "zh": "(各存一份)"},
-    "copied": {"en": "copied", "zh": "已复制"},
-    "time": {"en": "time", "zh": "耗时"},
-    "merged": {"en": "merged", "zh": "合并完成"},
-    "merge": {"en": "merge", "zh": "合并"},
-}
+TEXT = message_table("checkpoint.merge.TEXT")  # the texts live in dsdoctor/messages.json
 
 
 @dataclass

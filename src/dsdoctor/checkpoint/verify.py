@@ -14,7 +14,7 @@ from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import (
     Style,
     findings_markdown,
@@ -37,16 +37,7 @@ def _names(names: list[str], limit: int = 5) -> str:
 
 
 # the words of the rendered verify, per language
-TEXT = {
-    "weights": {"en": "weights", "zh": "权重"},
-    "model": {"en": "model", "zh": "模型"},
-    "tied": {"en": "tied", "zh": "绑定"},
-    "reference": {"en": "reference", "zh": "参考"},
-    "note": {"en": "note", "zh": "说明"},
-    "verified": {"en": "verified", "zh": "验证通过"},
-    "failed": {"en": "verification failed", "zh": "验证失败"},
-    "verify": {"en": "verify", "zh": "验证"},
-}
+TEXT = message_table("checkpoint.verify.TEXT")  # the texts live in dsdoctor/messages.json
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.model.spec import load_model_spec, normalize_dtype
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
 
@@ -27,16 +27,7 @@ PROBE_SEED = 7
 TOP_K = 8
 
 
-TEXT = {
-    "header": {"en": "dsdoctor compare: {what}\ndtype {dtype}, {prompts} prompts x {new} new tokens, greedy{ranks}",
-               "zh": "dsdoctor compare: {what}\n数据类型 {dtype}，{prompts} 个提示 × {new} 个新 token，贪心解码{ranks}"},
-    "ranks": {"en": ", {ranks} ranks for multi-rank paths", "zh": "，多 rank 路径 {ranks} 个 rank"},
-    "identical": {"en": "identical on {n}/{n} prompts", "zh": "{n}/{n} 个提示完全相同"},
-    "counts": {"en": "{parts} (max logit diff {max_diff})", "zh": "{parts}（最大 logit 差 {max_diff}）"},
-    "sep": {"en": ", ", "zh": "，"},
-    "status_match": {"en": "match", "zh": "一致"}, "status_near-tie": {"en": "near-tie", "zh": "近似平局"},
-    "status_drift": {"en": "drift", "zh": "logit 漂移"}, "status_mismatch": {"en": "mismatch", "zh": "不一致"},
-}
+TEXT = message_table("compare.api.TEXT")  # the texts live in dsdoctor/messages.json
 
 
 @dataclass

@@ -22,7 +22,7 @@ from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.config.versions import Versions, resolve_versions
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
@@ -31,27 +31,7 @@ from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 MODES = ("inference", "training") + RUNNER_MODES  # "training" is the old spelling of "train"
 
 # every word of the rendered settings table and header, per language
-TEXT = {
-    "default": {"en": " (default)", "zh": " (默认)"},
-    "zero ignored": {"en": "zero section ignored: init_inference never partitions or offloads",
-                     "zh": "zero 段被忽略：init_inference 从不分片或卸载"},
-    "no zero": {"en": "none (init_inference does not partition)", "zh": "无（init_inference 不分片）"},
-    "hybrid on": {"en": "enabled: DeepSpeedHybridEngine", "zh": "启用：DeepSpeedHybridEngine"},
-    "disabled": {"en": "disabled", "zh": "关闭"},
-    "only zero.Init": {"en": "(only under zero.Init)", "zh": "（仅在 zero.Init 下）"},
-    "needs stage 3": {"en": "(no effect: needs stage 3)", "zh": "（不生效：需要 stage 3）"},
-    "only if called": {"en": "(only if the script calls it)", "zh": "（仅当脚本调用时）"},
-    "none": {"en": "none", "zh": "无"},
-    "from hidden_size": {"en": "? (from hidden_size: pass --model)", "zh": "? (由 hidden_size 决定，传 --model)"},
-    "name says": {"en": "the name says", "zh": "文件名表明"},
-    "fp32 no cast": {"en": "fp32 (no cast: weights keep their loaded dtype)", "zh": "fp32 (不转换，保持加载时的 dtype)"},
-    "trainer deletes": {"en": " (deleted by the Trainer's inference path)", "zh": " (Trainer 推理路径会删除)"},
-    "config": {"en": "config", "zh": "配置"},
-    "mode": {"en": "mode", "zh": "模式"},
-    "runner": {"en": "runner", "zh": "运行方"},
-    "model": {"en": "model", "zh": "模型"},
-    "versions": {"en": "versions", "zh": "版本"},
-    "ds config": {"en": "DeepSpeed config", "zh": "DeepSpeed 配置"},
+TEXT = {**message_table("config.check.TEXT"),  # the plain texts live in dsdoctor/messages.json
     "head": {"en": ("setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different"),
              "zh": ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处")},
     "head inference": {"en": ("setting", "effective (deepspeed.init_inference)", ""),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.plan.ds_knobs import DsKnobs
 from dsdoctor.plan.hardware import Hardware
 from dsdoctor.plan.workload import Workload
@@ -12,70 +12,16 @@ from dsdoctor.report.render import Style, findings_markdown, findings_text, mark
 from dsdoctor.units import human_bytes, human_count
 
 # names of the breakdown parts, per language
-LABELS = {
-    "weights_resident": {"en": "resident weights", "zh": "常驻权重"},
-    "persistent_params": {"en": "persistent small params", "zh": "常驻小参数"},
-    "gathered_params": {"en": "gathered/prefetched params", "zh": "收集/预取的参数"},
-    "kv_cache": {"en": "KV cache", "zh": "KV cache"},
-    "activations": {"en": "activations", "zh": "激活"},
-    "logits": {"en": "logits (+fp32 copy)", "zh": "logits（含 fp32 拷贝）"},
-    "cublas_workspace": {"en": "cuBLAS workspace", "zh": "cuBLAS 工作区"},
-    "load_transient": {"en": "load transient", "zh": "加载时临时占用"},
-    "reduce_bucket": {"en": "reduce bucket (training config)", "zh": "reduce bucket（训练配置）"},
-    "optimizer_state": {"en": "optimizer fp32 master + gradient partitions (training config)",
-                        "zh": "优化器 fp32 主参数与梯度分片（训练配置）"},
-    "checkpoint_while_loading": {"en": "checkpoint shard while loading", "zh": "加载时的检查点分片"},
-    "model_copy_while_sharding": {"en": "host copy while sharding", "zh": "切分时的主机副本"},
-    "offloaded_params_pinned": {"en": "offloaded params (pinned)", "zh": "卸载的参数（锁页）"},
-    "offloaded_params": {"en": "offloaded params", "zh": "卸载的参数"},
-    "nvme_swap_buffers_pinned": {"en": "NVMe swap buffers (pinned)", "zh": "NVMe 交换缓冲（锁页）"},
-    "outside_allocator": {"en": "CUDA context + NCCL", "zh": "CUDA context + NCCL"},
-    "process_base": {"en": "python + torch + CUDA runtime (anonymous)", "zh": "python + torch + CUDA 运行时（匿名内存）"},
-    "load_anon": {"en": "CPU copies while loading (anonymous)", "zh": "加载时的 CPU 拷贝（匿名内存）"},
-    "checkpoint_mapped": {"en": "checkpoint pages mapped (file-backed, counted once)",
-                          "zh": "映射的检查点页（文件页，只计一次）"},
-    "dequant_workspace": {"en": "dequantization workspace", "zh": "反量化工作区"},
-    "offloaded_layers": {"en": "CPU-offloaded layers", "zh": "卸载到 CPU 的层"},
-    "gathered_whole_model": {"en": "whole model gathered for generate (loop)", "zh": "为 generate 收集的完整模型（循环）"},
-    "training_activations": {"en": "training step activations (loop)", "zh": "训练步激活（循环）"},
-    "training_logits": {"en": "training step logits + fp32 copy (loop)", "zh": "训练步 logits 及 fp32 拷贝（循环）"},
-}
+LABELS = message_table("plan.result.LABELS")  # the texts live in dsdoctor/messages.json
 
 
 # every other word of the rendered plan, per language
-TEXT = {
+TEXT = {**message_table("plan.result.TEXT"),  # the plain texts live in dsdoctor/messages.json
     "head": {"en": ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "loading", "fits", "tok/s/rank",
                     "max batch", "max prompt"),
              "zh": ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "加载方法", "放得下", "token/s/rank",
                     "最大 batch", "最长 prompt")},
-    "estimate": {"en": "~ estimate, not yet measured on a GPU", "zh": "~ 估计值，尚未在 GPU 上测量"},
-    "host head": {"en": "host memory of {path} by loading method (anonymous decides the fit; mapped file pages are "
-                        "reclaimable):",
-                  "zh": "{path} 各加载方法的主机内存（放得下与否看匿名内存；文件页可被回收）："},
-    "host line": {"en": " anonymous + {file} mapped file pages (the processes' RSS shows {rss})",
-                  "zh": " 匿名 + {file} 映射的文件页（各进程 RSS 合计显示 {rss}）"},
-    "yes": {"en": "yes", "zh": "是"},
-    "no": {"en": "no", "zh": "否"},
-    "model": {"en": "model {model_type}: {params} params ({counted_by}), weights alone {weights}\n",
-              "zh": "模型 {model_type}：{params} 参数（{counted_by}），仅权重 {weights}\n"},
-    "workload": {"en": "workload: batch {batch} per rank, prompt {prompt_len}, {new_tokens} new tokens, {dtype}\n",
-                 "zh": "负载：每 rank batch {batch}，prompt {prompt_len}，新 token {new_tokens}，{dtype}\n"},
-    "machine": {"en": "machine figures: {figures}\n", "zh": "机器指标：{figures}\n"},
-    "hardware": {"en": "hardware: {gpus} x {gpu_memory} GPU, host {host_memory}\n",
-                 "zh": "硬件：{gpus} x {gpu_memory} GPU，主机 {host_memory}\n"},
-    "breakdown": {"en": "per-GPU peak breakdown:", "zh": "每卡峰值构成："},
-    "peak at": {"en": "peak at", "zh": "峰值在"},
-    "load": {"en": "load", "zh": "加载"},
-    "prefill": {"en": "prefill", "zh": "prefill"},
-    "decode": {"en": "decode", "zh": "decode"},
-    "train-step": {"en": "train-step", "zh": "训练步"},  # plan --loop (plan/loop.py)
-    "recommended": {"en": "recommended", "zh": "推荐"},
-    "title": {"en": "# dsdoctor plan\n\n", "zh": "# dsdoctor 加载方案\n\n"},
     "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},
-    "calibrated": {"en": "calibrated on {when}", "zh": "校准于 {when}"},
-    "assumed some": {"en": "; assumed: ", "zh": "；假定："},
-    "not calibrated": {"en": "assumed, not measured (run `dsdoctor calibrate` on this machine)",
-                       "zh": "假定值，未测量（在本机运行 `dsdoctor calibrate`）"},
 }
 
 

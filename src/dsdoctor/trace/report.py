@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace import loop as gen_loop
 from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
@@ -20,19 +20,7 @@ OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILE
 STATUSES = ("ok", "oom", "hang", "timeout", "error")
 MPI_MISSING = re.compile(r"No module named '?mpi4py'?")
 
-_T = {
-    "rank": {"en": "rank", "zh": "rank"}, "stage": {"en": "stage", "zh": "stage"},
-    "optimizer": {"en": "optimizer", "zh": "优化器"}, "offload": {"en": "offload param/opt", "zh": "卸载 参数/优化器"},
-    "dtype": {"en": "dtype", "zh": "精度"}, "tp": {"en": "tp", "zh": "tp"}, "synced": {"en": "synced_gpus", "zh": "synced_gpus"},
-    "gpu": {"en": "peak GPU", "zh": "GPU 峰值"}, "host": {"en": "peak host", "zh": "主机峰值"},
-    "peak_in": {"en": "peak in", "zh": "峰值阶段"}, "tps": {"en": "tokens/s", "zh": "tokens/s"},
-    "status": {"en": "status", "zh": "状态"}, "phase": {"en": "phase", "zh": "阶段"}, "time": {"en": "time", "zh": "耗时"},
-    "pinned": {"en": "pinned", "zh": "锁页"}, "phases": {"en": "Phases", "zh": "阶段"}, "ranks": {"en": "Ranks", "zh": "各 rank"},
-    "findings": {"en": "Findings", "zh": "发现"}, "files": {"en": "files", "zh": "文件"},
-    "loop": {"en": "generate inside training", "zh": "训练循环内的 generate"},
-    "headline": {"en": "dsdoctor trace{v}: {what}\n  status {status}, exit {rc}, {wall:.1f}s, {n} rank(s)\n",
-                 "zh": "dsdoctor trace{v}: {what}\n  状态 {status}，返回码 {rc}，{wall:.1f} 秒，{n} 个 rank\n"},
-}
+_T = message_table("trace.report._T")  # the texts live in dsdoctor/messages.json
 
 
 def _t(key, lang):
