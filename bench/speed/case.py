@@ -19,6 +19,19 @@ import time
 import traceback
 
 
+def write_history(torch, raw_path: str, cid: str) -> str:
+    """The allocator's recorded events as gzipped JSON lines ``[action, addr, size, stream]``, in order."""
+    import gzip
+
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    name = f"hist-{cid}.jsonl.gz"
+    with gzip.open(os.path.join(os.path.dirname(os.path.abspath(raw_path)), name), "wt") as fh:
+        for e in snap["device_traces"][0]:
+            fh.write(json.dumps([e["action"], e.get("addr"), e.get("size"), e.get("stream")]) + "\n")
+    return name
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", required=True)
@@ -56,6 +69,9 @@ def main() -> int:
             torch.cuda.set_device(0)
             rec["device"] = torch.cuda.get_device_name()
             torch.cuda.reset_peak_memory_stats()
+            if case.get("history"):  # no stacks: only the events (action, address, size, stream)
+                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                         max_entries=5_000_000)
         t0 = time.time()
         engine = None
         if not zero3:
@@ -113,6 +129,8 @@ def main() -> int:
                                                           "num_device_alloc", "num_device_free")}
             free, total = torch.cuda.mem_get_info()
             rec["outside_allocator"] = total - free - torch.cuda.memory_reserved()
+            if case.get("history"):
+                rec["history_file"] = write_history(torch, a.out, case["id"])
         rec["prefill_s"] = min(gen(1), gen(1))
         rec["ok"] = True
         if engine is not None:

@@ -44,10 +44,13 @@ TINY_MODELS = {
 }
 
 
-def case(set_, model, path, batch, prompt, new, gpus=1, expandable=False, pin=True):
-    cid = f"{model}-{path}-g{gpus}-b{batch}-p{prompt}-n{new}" + ("-expseg" if expandable else "") + ("" if pin else "-unpinned")
+def case(set_, model, path, batch, prompt, new, gpus=1, expandable=False, pin=True, history=False):
+    """``history``: record the caching allocator's events (alloc/free/segment, with stream) to
+    ``hist-<id>.jsonl.gz`` beside the raw records, for replaying the real sequence through plan's model."""
+    cid = (f"{model}-{path}-g{gpus}-b{batch}-p{prompt}-n{new}" + ("-expseg" if expandable else "")
+           + ("" if pin else "-unpinned") + ("-hist" if history else ""))
     return {"set": set_, "model": model, "path": path, "gpus": gpus, "batch": batch, "prompt_len": prompt,
-            "new_tokens": new, "expandable": expandable, "pin_memory": pin, "id": cid}
+            "new_tokens": new, "expandable": expandable, "pin_memory": pin, "history": history, "id": cid}
 
 
 # Interleaved dev/holdout, cheap first per path, so that a budget cut loses the tail of both sets evenly.
@@ -100,6 +103,28 @@ VALIDATION = [
     case("validation", "llama-8b", "zero3-offload", 4, 1024, 8, expandable=True),
     case("validation", "llama-1b", "zero3-offload", 1, 256, 8, pin=False),
     case("validation", "qwen2-1.5b", "zero3-offload", 2, 512, 8),
+]
+
+# Run 3 (a third machine, its own calibration): combinations no earlier run measured, chosen before any of them
+# was estimated; plus two earlier reserved misses again with the allocator's event history recorded.
+RUN3 = [
+    case("run3", "llama-3b", "plain", 8, 256, 32),
+    case("run3", "qwen2-1.5b", "zero3", 2, 2048, 16),
+    case("run3", "llama-8b", "zero3-offload", 4, 1024, 8, history=True),
+    case("run3", "llama2-7b", "zero3", 2, 1024, 8),
+    case("run3", "mistral-7b", "zero3-offload", 2, 2048, 8),
+    case("run3", "llama-1b", "plain", 64, 128, 16),
+    case("run3", "qwen2-7b", "zero3-offload", 4, 256, 8),
+    case("run3", "qwen2-1.5b", "zero3-offload", 2, 512, 8, history=True),
+    case("run3", "llama-8b", "zero3", 16, 256, 8),
+    case("run3", "qwen2-1.5b", "plain", 8, 1024, 32),
+    case("run3", "llama-3b", "zero3-offload", 8, 512, 8),
+    case("run3", "mistral-7b", "plain", 4, 4096, 16),
+    case("run3", "llama-1b", "zero3-offload", 4, 2048, 8),
+    case("run3", "llama-8b", "plain", 2, 512, 64),
+    case("run3", "llama2-7b", "zero3-offload", 2, 256, 8, pin=False),
+    case("run3", "qwen2-7b", "zero3", 8, 1024, 8),
+    case("run3", "mistral-7b", "zero3-offload", 2, 2048, 8, history=True),
 ]
 
 TINY_CASES = [
