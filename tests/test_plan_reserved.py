@@ -2,6 +2,10 @@
 expandable segments) and what plan does with it (fits, DSD220)."""
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 from dsdoctor.plan.api import plan
 from dsdoctor.plan.reserved import LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size
 from tests.helpers import EXAMPLES
@@ -105,3 +109,81 @@ def test_fits_is_decided_on_reserved_plus_context():
                  gpu_memory=str(need - 1), host_memory="1TiB", detect=False, alloc_conf="")
     assert tight.path("zero3-offload").fits is False and "gpu" in tight.path("zero3-offload").limits
     assert p.gpu_peak_bytes < need - 1  # the allocated peak alone would have said it fits
+
+
+# --- against a recorded allocator history (tests/data/alloc_history: one H200, ZeRO-3 offload, 8B shape) ---
+
+HISTORY = Path(__file__).parent / "data" / "alloc_history"
+
+
+def _recorded():
+    with gzip.open(HISTORY / "llama-8b-zero3-offload-b4-p1024-n8.jsonl.gz", "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_the_allocator_model_reproduces_the_recorded_reserved_peak_from_the_recorded_events():
+    events = _recorded()
+    reserved = peak = 0
+    for action, _addr, size, _stream in events:
+        if action == "segment_alloc":
+            reserved += size
+            peak = max(peak, reserved)
+    a, ids = Allocator(), {}
+    for n, (action, addr, size, stream) in enumerate(events):
+        if action == "alloc":
+            ids[addr] = n
+            a.malloc(n, size, 0 if stream == 0 else 1)
+        elif action == "free_completed" and addr in ids:
+            a.release(ids.pop(addr))
+    assert abs(peak - 5.127 * 2**30) < 0.01 * 2**30
+    assert a.peak_reserved == peak
+
+
+def test_the_replayed_gather_sequence_is_the_recorded_one_and_so_is_the_reserved_peak(tmp_path, monkeypatch):
+    """ZeRO-3's gather stream: every allocation and free of 1 MiB or more, in order, as plan replays it
+    (the forwards it replays) equals what the H200 run recorded; plan's reserved peak is the recorded one."""
+    from dsdoctor.plan import reserved as R
+
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text((HISTORY / "llama-8b-config.json").read_text())
+    log = []
+    original = R.simulate
+
+    def spy(name, *args, **kw):
+        if name != "zero3-offload" or kw.get("expandable") or (len(args) > 4 and args[4]):
+            return original(name, *args, **kw)
+        a = original(name, *args, **kw)
+        log.append(a)
+        return a
+
+    sizes = {}
+    malloc, release = R.Allocator.malloc, R.Allocator.release
+
+    def rec_malloc(self, tid, nbytes, stream=0):
+        sizes[(id(self), tid)] = (R.round_size(int(nbytes)), stream)
+        self.__dict__.setdefault("_ops", []).append(("a", tid))
+        return malloc(self, tid, nbytes, stream)
+
+    def rec_release(self, tid):
+        self.__dict__.setdefault("_ops", []).append(("f", tid))
+        return release(self, tid)
+
+    monkeypatch.setattr(R, "simulate", spy)
+    monkeypatch.setattr(R.Allocator, "malloc", rec_malloc)
+    monkeypatch.setattr(R.Allocator, "release", rec_release)
+    R._CACHE.clear()
+    res = plan(model, batch=4, prompt_len=1024, new_tokens=8, dtype="bf16", gpus=1, gpu_memory=141 * 10**9,
+               host_memory=2**40, detect=False, gpu_name="H200")
+    R._CACHE.clear()
+    (sim,) = log
+    replayed = []
+    for op, tid in sim._ops:
+        size, stream = sizes.get((id(sim), tid), (0, 0))
+        if stream == 1 and size >= MiB:
+            replayed.append((op, size // MiB))
+    recorded = [("a" if action == "alloc" else "f", size // MiB) for action, _a, size, stream in _recorded()
+                if stream != 0 and action in ("alloc", "free_requested") and size >= MiB]
+    assert len(replayed) > 4000
+    assert replayed == recorded[:len(replayed)]
+    assert abs(res.path("zero3-offload").gpu_reserved_bytes - 5.127 * 2**30) < 0.02 * 5.127 * 2**30

@@ -269,121 +269,174 @@ class Point:
     end: bool = False  # after the forward: generate's float32 copy of the logits
 
 
-def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: bool,
-                  numel_of: list[int]) -> list[Point]:
-    """Replay DeepSpeed's fetch / prefetch / release over one forward (``partitioned_param_coordinator``)."""
-    points: list[Point] = []
-    zero_gather = g.zero3 and (g.world > 1 or g.offload)
-    persistent = {i for i, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
-    avail: dict[int, int] = {}  # param -> bytes of its whole copy
-    inflight: dict[int, int] = {}  # group id -> flat buffer bytes
-    group_of: dict[int, int] = {}
-    members: dict[int, list[int]] = {}
-    pending: dict[int, set] = {}
-    n_available = 0
-    most_recent: dict[int, int] = {}
-    real = [s for s in steps if not s.virtual]
-    queue = [(p, k) for k, s in enumerate(real) for p, _ in s.params if p not in persistent]
-    qpos = 0
-    prev = steps[0]
-    gid = 0
-    real_idx = -1
+class GatherReplay:
+    """DeepSpeed's fetch / prefetch / release over one forward (``partitioned_param_coordinator``), step by
+    step. ``held()`` is the bytes of whole parameters and gather buffers on the GPU. Every buffer it creates
+    or frees is also told to ``sink(op, key, nbytes)`` (op "alloc" or "free"), in DeepSpeed's order: the
+    allocated-peak model (``gather_points``) and the caching-allocator replay (``plan/reserved.py``) read
+    the same sequence."""
 
-    # With offload_param on several ranks, a partition lives on the host and is copied to the GPU to be the
-    # all-gather's input (partition_parameters.py: ``ds_tensor.to(device)``). A single parameter's copy is
-    # the input of an asynchronous all-gather: its work object keeps it until the parameter is waited for.
-    # A coalesced group's copies are concatenated into the flat buffer and freed at once.
-    staging = bool(g.offload) and g.world > 1
-    staged: dict[int, int] = {}  # param -> bytes of its partition's GPU copy, until waited for
+    def __init__(self, steps: list[Step], b: int, g: Gather, prefetch: bool, numel_of: list[int], sink=None):
+        self.b, self.g, self.prefetch, self.numel_of = b, g, prefetch, numel_of
+        self.sink = sink or (lambda op, key, nbytes=0: None)
+        self.active = g.zero3 and (g.world > 1 or bool(g.offload))
+        self.persistent = {i for i, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
+        self.avail: dict[int, int] = {}  # param -> bytes of its whole copy
+        self.inflight: dict[int, int] = {}  # group id -> flat buffer bytes
+        self.group_of: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}
+        self.pending: dict[int, set] = {}
+        self.n_available = 0
+        self.most_recent: dict[int, int] = {}
+        self.real = [s for s in steps if not s.virtual]
+        self.queue = [(p, k) for k, s in enumerate(self.real) for p, _ in s.params if p not in self.persistent]
+        self.qpos = 0
+        self.gid = 0
+        self.real_idx = -1
+        # With offload_param on several ranks, a partition lives on the host and is copied to the GPU to be
+        # the all-gather's input (partition_parameters.py: ``ds_tensor.to(device)``). A single parameter's
+        # copy is the input of an asynchronous all-gather: its work object keeps it until the parameter is
+        # waited for. A coalesced group's copies are concatenated into the flat buffer and freed at once.
+        self.staging = bool(g.offload) and g.world > 1
+        self.staged: dict[int, int] = {}  # param -> bytes of its partition's GPU copy, until waited for
 
-    def held():
-        return sum(avail.values()) + sum(inflight.values()) + sum(staged.values())
+    def held(self) -> float:
+        return sum(self.avail.values()) + sum(self.inflight.values()) + sum(self.staged.values())
 
-    def launch(params) -> float:
+    def _launch(self, params) -> float:
         """Start the gathers; return the bytes that exist only while they are being started."""
-        nonlocal gid, n_available
         if not params:
             return 0.0
-        gid += 1
+        g, b, numel_of, sink = self.g, self.b, self.numel_of, self.sink
+        self.gid += 1
         transient = 0.0
         if len(params) == 1 or g.world == 1:
             for p in params:  # sequential all-gather / host copy: straight into the parameter's buffer
-                avail[p] = (_aligned(numel_of[p], g.world) if g.world > 1 else numel_of[p]) * b
-                if staging:
-                    staged[p] = math.ceil(numel_of[p] / g.world) * b
+                if self.staging:
+                    self.staged[p] = math.ceil(numel_of[p] / g.world) * b
+                    sink("alloc", ("stage", p), self.staged[p])
+                self.avail[p] = (_aligned(numel_of[p], g.world) if g.world > 1 else numel_of[p]) * b
+                sink("alloc", ("param", p), self.avail[p])
         else:  # coalesced: one flat buffer, copied out parameter by parameter on first use
-            inflight[gid] = sum(_aligned(numel_of[p], g.world) for p in params) * b
-            members[gid] = list(params)
+            if self.staging:
+                parts = [math.ceil(numel_of[p] / g.world) * b for p in params]
+                transient = sum(parts)
+                for p, n in zip(params, parts):
+                    sink("alloc", ("stage", self.gid, p), n)
+            self.inflight[self.gid] = sum(_aligned(numel_of[p], g.world) for p in params) * b
+            sink("alloc", ("flat", self.gid), self.inflight[self.gid])
+            if self.staging:
+                for p in params:
+                    sink("free", ("stage", self.gid, p))
+            self.members[self.gid] = list(params)
             for p in params:
-                group_of[p] = gid
-            if staging:
-                transient = sum(math.ceil(numel_of[p] / g.world) for p in params) * b
-        n_available += sum(numel_of[p] for p in params)
+                self.group_of[p] = self.gid
+        self.n_available += sum(numel_of[p] for p in params)
         return transient
 
-    for step in steps:
-        if step.virtual or not zero_gather:
-            points.append(Point(step.module, held(), step.level, step.layer, step.attention))
-            prev = step
-            continue
-        real_idx += 1
-        need = [p for p, _ in step.params if p not in persistent]
-        transient = launch([p for p in need if p not in avail and p not in group_of])
-        if staging and (transient or any(p in staged for p in need)):
-            points.append(Point(step.module + " (gather)", held() + transient, prev.level, prev.layer, False))
+    def enter(self, step: Step, mark=None) -> None:
+        """The module's pre-forward hook: gather what it needs, wait, prefetch. ``mark(label, extra)`` is
+        called where a moment inside the hook can peak (extra: bytes beyond ``held()``)."""
+        mark = mark or (lambda label, extra: None)
+        b, numel_of, g = self.b, self.numel_of, self.g
+        self.real_idx += 1
+        need = [p for p, _ in step.params if p not in self.persistent]
+        transient = self._launch([p for p in need if p not in self.avail and p not in self.group_of])
+        if self.staging and (transient or any(p in self.staged for p in need)):
+            mark(" (gather)", transient)
         for p in need:
-            staged.pop(p, None)  # waited for: the all-gather's input is released
-            grp = group_of.pop(p, None)
+            if self.staged.pop(p, None) is not None:  # waited for: the all-gather's input is released
+                self.sink("free", ("stage", p))
+            grp = self.group_of.pop(p, None)
             if grp is None:
                 continue
-            if grp in members:  # first use: every parameter of the group is copied out of the flat buffer
-                copies = sum(numel_of[q] for q in members[grp]) * b
-                points.append(Point(step.module + " (wait)", held() + copies, prev.level, prev.layer, False))
-                for q in members.pop(grp):
-                    avail[q] = numel_of[q] * b
-                pending[grp] = set(q for q in group_of if group_of[q] == grp)
+            if grp in self.members:  # first use: every parameter of the group is copied out of the flat buffer
+                copies = sum(numel_of[q] for q in self.members[grp]) * b
+                mark(" (wait)", copies)
+                for q in self.members.pop(grp):
+                    self.avail[q] = numel_of[q] * b
+                    self.sink("alloc", ("param", q), self.avail[q])
+                self.pending[grp] = set(q for q in self.group_of if self.group_of[q] == grp)
             # the handle (and its flat buffer) stays referenced by the in-flight registry until the last
             # parameter of the group has been waited for by its own module
-            pending.setdefault(grp, set()).discard(p)
-            if not pending[grp]:
-                pending.pop(grp)
-                inflight.pop(grp, None)
-        if prefetch:
-            wanted = {p for p in need if most_recent.get(p, -1) < real_idx}
-            while qpos < len(queue) and wanted:
-                p, k = queue[qpos]
-                qpos += 1
-                most_recent[p] = max(most_recent.get(p, -1), k)
+            self.pending.setdefault(grp, set()).discard(p)
+            if not self.pending[grp]:
+                self.pending.pop(grp)
+                if self.inflight.pop(grp, None) is not None:
+                    self.sink("free", ("flat", grp))
+        if self.prefetch:
+            wanted = {p for p in need if self.most_recent.get(p, -1) < self.real_idx}
+            queue = self.queue
+            while self.qpos < len(queue) and wanted:
+                p, k = queue[self.qpos]
+                self.qpos += 1
+                self.most_recent[p] = max(self.most_recent.get(p, -1), k)
                 wanted.discard(p)
-            budget = min(g.max_live - n_available, g.prefetch_bucket)
+            budget = min(g.max_live - self.n_available, g.prefetch_bucket)
             chosen, numel = [], 0
-            while qpos < len(queue) and numel < budget:
-                p, k = queue[qpos]
-                qpos += 1
-                most_recent[p] = max(most_recent.get(p, -1), k)
-                if p not in avail and p not in group_of and p not in chosen:
+            while self.qpos < len(queue) and numel < budget:
+                p, k = queue[self.qpos]
+                self.qpos += 1
+                self.most_recent[p] = max(self.most_recent.get(p, -1), k)
+                if p not in self.avail and p not in self.group_of and p not in chosen:
                     chosen.append(p)
                     numel += numel_of[p]
-            transient = launch(chosen)
+            transient = self._launch(chosen)
             if transient:
-                points.append(Point(step.module + " (prefetch)", held() + transient, prev.level, prev.layer, False))
-        points.append(Point(step.module, held(), step.level, step.layer, step.attention))
+                mark(" (prefetch)", transient)
+        self._need = need
+
+    def leave(self, step: Step) -> None:
+        """The module's post-forward hook: release, unless used again within max_reuse_distance or
+        prefetched for a later use."""
+        need = self._need
+        if not need:
+            return
+        keep = set()
+        traversed = 0
+        for later in self.real[self.real_idx + 1:]:
+            if traversed >= self.g.max_reuse:
+                break
+            for p, n in later.params:
+                keep.add(p)
+                traversed += n
+        for p in need:
+            if p in keep or self.most_recent.get(p, -1) > self.real_idx or p not in self.avail:
+                continue
+            self.avail.pop(p)
+            self.sink("free", ("param", p))
+            self.n_available -= self.numel_of[p]
+
+    def finish(self) -> None:
+        """The end of the forward: whatever is still gathered is released (``release_and_reset_all``)."""
+        for p in list(self.staged):
+            self.sink("free", ("stage", p))
+        for grp in list(self.inflight):
+            self.sink("free", ("flat", grp))
+        for p in list(self.avail):
+            self.sink("free", ("param", p))
+        self.staged.clear()
+        self.inflight.clear()
+        self.avail.clear()
+
+
+def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: bool,
+                  numel_of: list[int]) -> list[Point]:
+    """The moments of one forward under DeepSpeed's fetch / prefetch / release (``GatherReplay``)."""
+    points: list[Point] = []
+    rep = GatherReplay(steps, b, g, prefetch, numel_of)
+    prev = steps[0]
+    for step in steps:
+        if step.virtual or not rep.active:
+            points.append(Point(step.module, rep.held(), step.level, step.layer, step.attention))
+            prev = step
+            continue
+        rep.enter(step, lambda label, extra, s=step, q=prev: points.append(
+            Point(s.module + label, rep.held() + extra, q.level, q.layer, False)))
+        points.append(Point(step.module, rep.held(), step.level, step.layer, step.attention))
         prev = step
-        if need:  # release after the forward, unless used again within max_reuse_distance or prefetched
-            keep = set()
-            traversed = 0
-            for later in real[real_idx + 1:]:
-                if traversed >= g.max_reuse:
-                    break
-                for p, n in later.params:
-                    keep.add(p)
-                    traversed += n
-            for p in need:
-                if p in keep or most_recent.get(p, -1) > real_idx or p not in avail:
-                    continue
-                avail.pop(p)
-                n_available -= numel_of[p]
-    points.append(Point("<logits>", held(), 0.0, None, False, end=True))
+        rep.leave(step)
+    points.append(Point("<logits>", rep.held(), 0.0, None, False, end=True))
     return points
 
 

@@ -12,10 +12,17 @@ can extend the free block at its end instead of taking a new segment.
 
 This module replays the allocation sequence of the run plan models (load, then two generates: the
 warm-up and the timed one; per forward: embeddings, each decoder layer's ops as transformers' Llama-style
-layer runs them, the KV cache's ``torch.cat``, the logits and their float32 copies; ZeRO-3 gathers and
-releases as in ``memory.gather_points``) through a model of that allocator, and returns the peak
-reserved bytes. Decode steps are replayed for the first and last few tokens of each generate (the rest
-repeat them with a slightly longer cache).
+layer runs them, the KV cache's ``torch.cat``, the logits and their float32 copies; ZeRO-3's gathers,
+prefetches and releases from ``memory.GatherReplay``, the same replay the allocated peak comes from) through
+a model of that allocator, and returns the peak reserved bytes. Decode steps are replayed for the first and
+last few tokens of each generate (the rest repeat them with a slightly longer cache).
+
+Checked against ``torch.cuda.memory._record_memory_history`` of real runs (one H200, ZeRO-3 with
+offload_param, bench/speed run 3): the gather stream's allocations and frees equal the recorded ones, and
+the allocator model fed the recorded events reproduces the recorded reserved peak exactly. Not modelled:
+DeepSpeed frees a gathered parameter with ``record_stream`` on the compute stream, so its block returns to
+the pool only once the GPU has run the kernels that read it; when the compute stream lags the host, the
+allocator takes new segments meanwhile (up to 20% more reserved on small-model offload runs, measured).
 """
 from __future__ import annotations
 
@@ -292,111 +299,104 @@ def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv
     r.free(f32, proc)
 
 
-def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list):
-    """fetch/release callbacks that allocate whole parameters as ZeRO-3 gathers them (none when nothing
-    is gathered: one rank without offload keeps whole parameters)."""
+def _step_key(step) -> object:
+    """The replay's name for a module step: "<embed>", "<lm_head>", "<norm>", or (layer, kind)."""
+    from dsdoctor.plan.memory import _step_kind
+
+    if step.layer is None:
+        if step.module in ("<root>", "<model>", "<rotary_emb>"):
+            return step.module
+        return None  # embedding / lm_head / final norm: named by their parameters (see _zero3_fetcher)
+    kind = _step_kind(step.module)
+    return (step.layer, kind if kind in _LAYER_KINDS else step.module)
+
+
+_LAYER_KINDS = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
+                "gate_proj", "up_proj", "down_proj")
+
+
+def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list, tp: int = 1):
+    """fetch/release callbacks that allocate and free whole parameters and gather buffers as ZeRO-3 does,
+    in the order ``memory.GatherReplay`` models (the same sequence the allocated peak is computed from):
+    fetch(key) runs the pre-forward hooks of every module up to the one named ``key`` (containers prefetch
+    too), release(key) its post-forward hook. Nothing happens when nothing is gathered (one rank without
+    offload keeps whole parameters)."""
+    from dsdoctor.plan.memory import GatherReplay, trace_steps
+
     inv = shape.inventory
-    index = {id(p): k for k, p in enumerate(inv.params)}
-    by_key: dict = {}
-    order: list = []
-    for name, params in inv.modules():
-        layer = params[0].layer
-        last = name.rsplit(".", 1)[-1]
-        if layer is None:
-            key = "<embed>" if params[0].kind == "embedding" else "<lm_head>" if params[0].kind == "lm_head" else "<norm>"
-        else:
-            from dsdoctor.plan.memory import _step_kind
-
-            key = (layer, _step_kind(name) if _step_kind(name) in ("input_layernorm", "post_attention_layernorm",
-                                                                   "q_proj", "k_proj", "v_proj", "o_proj",
-                                                                   "gate_proj", "up_proj", "down_proj") else last)
-        by_key.setdefault(key, []).extend(index[id(p)] for p in params)
-        order.append(key)
-    for _alias, owner in inv.tied:  # a tied lm_head gathers the embedding weight again
-        emb = [index[id(p)] for p in inv.params if p.module == owner]
-        by_key["<lm_head>"] = emb
-        order.append("<lm_head>")
-    gather = g.zero3 and (g.world > 1 or g.offload)
+    steps = trace_steps(shape, b, tp)
+    kinds = {k: p.kind for k, p in enumerate(inv.params)}
+    keys = []
+    for st in steps:
+        key = _step_key(st)
+        if key is None and st.params:
+            kind = kinds[st.params[0][0]]
+            tied_alias = st.module in {alias for alias, _owner in inv.tied}
+            key = "<lm_head>" if kind == "lm_head" or tied_alias else "<embed>" if kind == "embedding" else "<norm>"
+        keys.append(key)
+    where: dict = {}
+    for i, key in enumerate(keys):
+        where.setdefault(key, []).append(i)
+    active = g.zero3 and (g.world > 1 or bool(g.offload))
     persistent = {k for k, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
-    whole: dict[int, int] = {}  # param -> tensor id of its whole copy
-    held: set = set()  # persistent params already fetched
-    flat: dict[int, tuple] = {}  # param -> (flat id, group members)
-    pos = {"i": 0}
-    queue = [(key, p) for key in order for p in by_key.get(key, ()) if p not in persistent]
+    held: set = set()  # persistent parameters: fetched once, whole for good
+    tensors: dict = {}  # the replay's buffer key -> tensor id
+    state = {"rep": None, "pos": 0, "entered": {}}
 
-    def size(p):
-        return (math.ceil(numel_of[p] / g.world) * g.world if g.world > 1 else numel_of[p]) * b
-
-    def launch(params):
-        if len(params) == 1 or g.world == 1:
-            for p in params:
-                if g.offload and g.world > 1:
-                    st = r.new(math.ceil(numel_of[p] / g.world) * b, GATHER_STREAM)
-                    whole[p] = r.new(size(p), GATHER_STREAM)
-                    r.free(st)
-                else:
-                    whole[p] = r.new(size(p), GATHER_STREAM)
+    def sink(op, key, nbytes=0):
+        if op == "alloc":
+            tensors[key] = r.new(nbytes, GATHER_STREAM)
         else:
-            if g.offload:
-                staged = [r.new(math.ceil(numel_of[p] / g.world) * b, GATHER_STREAM) for p in params]
-            fid = r.new(sum(size(p) for p in params), GATHER_STREAM)
-            if g.offload:
-                r.free(*staged)
-            members = set(params)
-            for p in params:
-                flat[p] = (fid, members)
+            r.free(tensors.pop(key, None))
 
-    def use(p):
-        got = flat.pop(p, None)
-        if got is None:
-            return
-        fid, members = got
-        for q in list(members):
-            if q in flat or q == p:
-                whole[q] = r.new(numel_of[q] * b, GATHER_STREAM)
-        members.discard(p)
-        if not any(flat.get(q, (None,))[0] == fid for q in members):
-            r.free(fid)
+    def start():
+        state["rep"] = GatherReplay(steps, b, g, prefetch_on[0], numel_of, sink)
+        state["pos"] = 0
+        state["entered"] = {}
 
     def fetch(key):
-        if not gather:
+        if not active:
             return
-        need = [p for p in by_key.get(key, ()) if p not in held]
-        for p in need:
-            if p in persistent:
-                held.add(p)
-                whole[p] = r.new(numel_of[p] * b, GATHER_STREAM)
-        need = [p for p in need if p not in persistent]
-        launch([p for p in need if p not in whole and p not in flat])
-        for p in need:
-            use(p)
-        while pos["i"] < len(queue) and queue[pos["i"]][0] != key:
-            pos["i"] += 1
-        while pos["i"] < len(queue) and queue[pos["i"]][0] == key:
-            pos["i"] += 1
-        if prefetch_on[0]:
-            chosen, numel = [], 0
-            j = pos["i"]
-            while j < len(queue) and numel < min(g.prefetch_bucket, g.max_live):
-                _, p = queue[j]
-                j += 1
-                if p not in whole and p not in flat and p not in chosen:
-                    chosen.append(p)
-                    numel += numel_of[p]
-            launch(chosen)
+        at = where.get(key, ())
+        k = bisect.bisect_left(at, state["pos"])
+        if k == len(at):
+            return  # not a module of this model (or already past)
+        rep = state["rep"]
+        while state["pos"] <= at[k]:
+            i = state["pos"]
+            state["pos"] += 1
+            st = steps[i]
+            if st.virtual:
+                continue
+            for p, _n in st.params:
+                if p in persistent and p not in held:
+                    held.add(p)
+                    r.new(numel_of[p] * b, GATHER_STREAM)
+            rep.enter(st)
+            if keys[i] == key:
+                state["entered"][key] = st
+                return
+            rep.leave(st)  # a module the replay does not run by name: its hooks fire back to back
 
     def release(key):
-        if not gather:
+        if not active:
             return
-        for p in by_key.get(key, ()):
-            if p in persistent or p not in whole:
-                continue
-            r.free(whole.pop(p))
+        st = state["entered"].pop(key, None)
+        if st is not None:
+            state["rep"].leave(st)
 
-    def reset():
-        pos["i"] = 0
+    def finish():
+        if active and state["rep"] is not None:
+            rep = state["rep"]
+            while state["pos"] < len(steps):  # modules after the last one the replay names
+                st = steps[state["pos"]]
+                state["pos"] += 1
+                if not st.virtual:
+                    rep.enter(st)
+                    rep.leave(st)
+            rep.finish()
 
-    return fetch, release, reset
+    return fetch, release, start, finish
 
 
 def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, tp: int = 1,
@@ -428,19 +428,21 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
         r.new(training_bytes)
     r.new(32 * MiB)  # cuBLAS workspace, at the first matmul
     prefetch_on = [False]
-    fetch, release, reset = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on)
+    fetch, release, start, finish = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on, tp)
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
     for _generate in range(2):  # the warm-up generate and the timed one
         kv: dict = {}
         steps = list(range(1, T))
         if len(steps) > 2 * DECODE_STEPS_REPLAYED:
             steps = steps[:DECODE_STEPS_REPLAYED] + steps[-DECODE_STEPS_REPLAYED:]
-        reset()
+        start()
         _forward(r, shape, B, S, S, b, tp, kv, fetch, release, prefill=True)
+        finish()
         prefetch_on[0] = True  # from the second forward on, ZeRO-3 prefetches along the recorded trace
         for t in steps:
-            reset()
+            start()
             _forward(r, shape, B, 1, S + t, b, tp, kv, fetch, release, prefill=False)
+            finish()
         for tid in list(kv.values()):
             r.free(tid)
     return a
