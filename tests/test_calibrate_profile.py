@@ -131,3 +131,18 @@ def test_plan_cli_reads_the_cached_profile(tmp_path):
                 env={"DSDOCTOR_CACHE_DIR": str(tmp_path)})
     assert r.returncode in (0, 1), r.stderr
     assert json.loads(r.stdout)["hardware"]["profile"]["calibrated_at"] == "2026-12-01T01:34:51Z"
+
+
+def test_eager_overheads_measure_every_batch_in_interleaved_rounds_after_settling():
+    """The real measurement on the CPU, with small layers: per-batch medians, their spread over the rounds,
+    and how many runs the warm-up took to settle (at least two: two runs in a row must agree)."""
+    pytest.importorskip("transformers")
+    from dsdoctor.calibrate.measure import _settle, eager_overheads
+
+    r = eager_overheads("cpu", batches=(1, 2), layer_counts=(1, 2), hidden=128, inter=256)
+    assert set(r) == {1, 2, "settle_runs"}
+    for b in (1, 2):
+        assert r[b]["layer_s"] >= 0 and r[b]["token_s"] >= 0 and r[b]["layer_spread"] >= 0
+    assert 2 <= r["settle_runs"] <= 5
+    times = iter([2.0, 1.0, 0.99, 5.0])
+    assert _settle(lambda: next(times)) == 3  # 2.0 -> 1.0 differ; 1.0 -> 0.99 agree within 5%

@@ -44,13 +44,14 @@ TINY_MODELS = {
 }
 
 
-def case(set_, model, path, batch, prompt, new, gpus=1, expandable=False, pin=True, history=False):
+def case(set_, model, path, batch, prompt, new, gpus=1, expandable=False, pin=True, history=False, repeats=1):
     """``history``: record the caching allocator's events (alloc/free/segment, with stream) to
     ``hist-<id>.jsonl.gz`` beside the raw records, for replaying the real sequence through plan's model."""
     cid = (f"{model}-{path}-g{gpus}-b{batch}-p{prompt}-n{new}" + ("-expseg" if expandable else "")
            + ("" if pin else "-unpinned") + ("-hist" if history else ""))
     return {"set": set_, "model": model, "path": path, "gpus": gpus, "batch": batch, "prompt_len": prompt,
-            "new_tokens": new, "expandable": expandable, "pin_memory": pin, "history": history, "id": cid}
+            "new_tokens": new, "expandable": expandable, "pin_memory": pin, "history": history, "id": cid,
+            "repeats": repeats}
 
 
 # Interleaved dev/holdout, cheap first per path, so that a budget cut loses the tail of both sets evenly.
@@ -126,6 +127,26 @@ RUN3 = [
     case("run3", "qwen2-7b", "zero3", 8, 1024, 8),
     case("run3", "mistral-7b", "zero3-offload", 2, 2048, 8, history=True),
 ]
+
+# Run 4 (a fourth machine; calibrated at its start and again at its end): combinations no earlier run
+# measured, chosen before any was estimated, after the reserved replay was fixed on run 3's histories.
+# tokens/s: the median of up to 3 timed generates (within 8 s).
+RUN4 = [case("run4", *c, repeats=3) for c in [
+    ("llama-8b", "plain", 8, 128, 32),
+    ("qwen2-1.5b", "zero3-offload", 4, 1024, 8),
+    ("qwen2-7b", "plain", 1, 4096, 16),
+    ("llama-3b", "zero3", 1, 256, 16),
+    ("llama2-7b", "zero3-offload", 4, 1024, 8),
+    ("llama-1b", "plain", 32, 512, 32),
+    ("mistral-7b", "zero3", 2, 2048, 8),
+    ("llama-8b", "zero3-offload", 2, 512, 8),
+    ("llama2-7b", "plain", 16, 256, 16),
+    ("qwen2-1.5b", "zero3", 16, 256, 16),
+    ("qwen2-7b", "zero3-offload", 1, 2048, 8),
+    ("llama-3b", "plain", 1, 2048, 64),
+    ("llama-1b", "zero3", 2, 1024, 16),
+    ("mistral-7b", "plain", 8, 1024, 16),
+]]
 
 TINY_CASES = [
     case("dev", "tiny", "plain", 2, 16, 4),

@@ -193,6 +193,7 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
             for b in (16, 64):
                 measured[f"eager_layer_s_b{b}"] = r[b]["layer_s"]
                 measured[f"eager_token_s_b{b}"] = r[b]["token_s"]
+            measured["_eager"] = {str(k): v for k, v in r.items()}
         if _version("deepspeed") is None:
             missing["zero3_module_s"] = missing["zero3_offload_module_s"] = "DeepSpeed is not installed"
         else:
