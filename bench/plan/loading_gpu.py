@@ -45,6 +45,9 @@ SHAPES = {  # Llama shapes
                num_key_value_heads=32, vocab_size=32000),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                num_key_value_heads=4, vocab_size=32000),
+    # added after run 1's fix, for an out-of-sample check: Llama-3.2-3B's layers, its 128k vocabulary, untied
+    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256),
 }
 CASES = ("to-gpu", "cpu-then-to", "cpu-convert", "zero-init", "tp-cpu-model")
 
@@ -315,7 +318,7 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workdir", nargs="?", help="where checkpoints are written (one at a time; 13.5 GB for 7b) and deleted")
-    ap.add_argument("--sizes", default="1b,7b", help="Llama shapes: 1b,7b (default both)")
+    ap.add_argument("--sizes", default="1b,7b", help="Llama shapes: 1b,7b,3b (default 1b,7b)")
     ap.add_argument("--formats", default="safetensors,bin")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--timeout-s", type=float, default=180)

@@ -178,7 +178,7 @@ def main() -> int:
     ap.add_argument("--nvme-path", default=None)
     ap.add_argument("--reestimate", nargs="+", default=None)
     ap.add_argument("--profile", default=None)
-    ap.add_argument("--set", default="all", choices=("dev", "holdout", "validation", "run3", "run4", "all"))
+    ap.add_argument("--set", default="all", choices=("dev", "holdout", "validation", "run3", "run4", "rerun3", "hist4", "all"))
     ap.add_argument("--validation", action="store_true", help="measure the validation cases (run 2)")
     ap.add_argument("--run3", action="store_true", help="measure run 3's cases")
     ap.add_argument("--run4", action="store_true", help="measure run 4's cases")
