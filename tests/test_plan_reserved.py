@@ -114,6 +114,7 @@ def test_fits_is_decided_on_reserved_plus_context():
 # --- against a recorded allocator history (tests/data/alloc_history: one H200, ZeRO-3 offload, 8B shape) ---
 
 HISTORY = Path(__file__).parent / "data" / "alloc_history"
+ARCH = Path(__file__).parent / "data" / "arch_configs"
 
 
 def _recorded():
@@ -187,3 +188,40 @@ def test_the_replayed_gather_sequence_is_the_recorded_one_and_so_is_the_reserved
     assert len(replayed) > 4000
     assert replayed == recorded[:len(replayed)]
     assert abs(res.path("zero3-offload").gpu_reserved_bytes - 5.127 * 2**30) < 0.02 * 5.127 * 2**30
+
+
+def test_the_replay_cache_never_hands_one_models_result_to_another(monkeypatch):
+    """Plans of several models in one process (bench re-estimates, ab, library users): each model's reserved
+    bytes must be its own replay's. CPython reuses a freed object's address, so a cache keyed by ``id()``
+    handed one model's replay to the next; here every shape is made to live at one address."""
+    from dsdoctor.plan import api as plan_api
+    from dsdoctor.plan import reserved as R
+
+    def one(model):
+        res = plan(ARCH / model, batch=2, prompt_len=64, new_tokens=4, gpus=2, gpu_memory="141GB",
+                   host_memory="1TB", detect=False, gpu_name="H200")
+        return {p.name: p.gpu_reserved_bytes for p in res.paths}
+
+    models = ["qwen2-0.5b.json", "opt-350m.json", "pythia-1b.json"]
+    alone = {}
+    for m in models:
+        R._CACHE.clear()
+        alone[m] = one(m)
+    assert len({tuple(v.items()) for v in alone.values()}) == len(models)
+    reused = None
+    build = plan_api.model_shape
+
+    def at_one_address(spec, inv):
+        nonlocal reused
+        fresh = build(spec, inv)
+        if reused is None:
+            reused = fresh
+        else:
+            reused.__dict__.clear()
+            reused.__dict__.update(fresh.__dict__)
+        return reused
+
+    monkeypatch.setattr(plan_api, "model_shape", at_one_address)
+    R._CACHE.clear()
+    for m in models + models:
+        assert one(m) == alone[m], m

@@ -451,10 +451,20 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
 _CACHE: dict = {}
 
 
+def _shape_key(shape, numel_of) -> tuple:
+    """What the replay reads of a model, by value: an ``id()`` is reused once a shape is garbage collected,
+    and would hand one model's replay to the next (seen when plan ran over many models in one process)."""
+    inv = shape.inventory
+    return (shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim, shape.vocab,
+            shape.layers, shape.gated_mlp, tuple(shape.kv_elems_per_token), tuple(shape.kv_window),
+            shape.logits_to_keep, tuple(numel_of), tuple((p.module, p.kind, p.layer) for p in inv.params),
+            tuple(inv.tied))
+
+
 def reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable, training_bytes=0, tp=1) -> int:
     """Peak reserved bytes for a run whose allocated peak plan puts at ``peak``: the simulated allocator's
     reserved peak, scaled by how far its own allocated peak is from plan's exact one."""
-    key = (id(shape), name, wl, g, expandable, training_bytes, tp)
+    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp)
     if key not in _CACHE:
         a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes)
         _CACHE[key] = (a.peak_reserved, a.peak_allocated)
