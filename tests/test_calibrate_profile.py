@@ -140,7 +140,8 @@ def test_eager_overheads_measure_every_batch_in_interleaved_rounds_after_settlin
     from dsdoctor.calibrate.measure import _settle, eager_overheads
 
     r = eager_overheads("cpu", batches=(1, 2), layer_counts=(1, 2), hidden=128, inter=256)
-    assert set(r) == {1, 2, "settle_runs"}
+    assert set(r) == {1, 2, "settle_runs", "rounds"}
+    assert 3 <= r["rounds"] <= 6 and all(len(r[b]["layer_rounds_s"]) == r["rounds"] for b in (1, 2))
     for b in (1, 2):
         assert r[b]["layer_s"] >= 0 and r[b]["token_s"] >= 0 and r[b]["layer_spread"] >= 0
     assert 2 <= r["settle_runs"] <= 5

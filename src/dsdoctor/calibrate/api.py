@@ -185,7 +185,9 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
         if r:
             measured["context_bytes"] = r["context_bytes"]
         r = step("eager decode overheads (real-size layers, batch 1/16/64)",
-                 lambda: m.eager_overheads(hbm_read=measured.get("hbm_weight_read")), "eager_layer_s",
+                 lambda: m.eager_overheads(hbm_read=measured.get("hbm_weight_read"),  # leave ~25 s for ZeRO-3's
+                                           extend_s=min(25.0, max(budget_s - (time.time() - start) - 25.0, 0.0))),
+                 "eager_layer_s",
                  "eager_token_s", "eager_layer_s_b16", "eager_layer_s_b64", needs_s=15)
         if r:
             measured["eager_layer_s"] = r[1]["layer_s"]
