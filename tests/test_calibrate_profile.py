@@ -147,3 +147,25 @@ def test_eager_overheads_measure_every_batch_in_interleaved_rounds_after_settlin
     assert 2 <= r["settle_runs"] <= 5
     times = iter([2.0, 1.0, 0.99, 5.0])
     assert _settle(lambda: next(times)) == 3  # 2.0 -> 1.0 differ; 1.0 -> 0.99 agree within 5%
+
+
+@pytest.mark.parametrize("loop, gpus", [(False, 2), (True, 2), (False, 4)])
+def test_every_planned_path_takes_its_speed_from_the_profile(loop, gpus):
+    """No path keeps a generic figure where the profile measured one: a machine whose host is 4x slower per
+    layer and per token, with 4x slower host copies and collectives, gives every path a lower tokens/s."""
+    slow = dict(FIGS, eager_layer_s=4 * FIGS["eager_layer_s"], eager_token_s=4 * FIGS["eager_token_s"],
+                h2d_pinned=FIGS["h2d_pinned"] / 4, h2d_pageable=FIGS["h2d_pageable"] / 4,
+                allgather_bus_bw=100e9 / 4, allgather_latency_s=50e-6 * 4, autotp_allreduce_s=0.4e-3 * 4)
+    fast = dict(FIGS, allgather_bus_bw=100e9, allgather_latency_s=50e-6, autotp_allreduce_s=0.4e-3)
+    machine = dict(H200_MACHINE, gpus=H200_MACHINE["gpus"] * gpus)
+
+    def run(figs):
+        res = plan(EXAMPLES / "llama-7b", batch=2, prompt_len=256, new_tokens=16, gpus=gpus, gpu_memory="24GB",
+                   host_memory="64GB", detect=False, gpu_name="H200", loop=loop,
+                   machine=test_profile(figs, machine=machine))
+        return {p.name: p.tokens_per_s for p in res.paths}
+
+    a, b = run(fast), run(slow)
+    assert set(a) == set(b) and len(a) >= (8 if not loop else 4)
+    same = [name for name in a if not b[name] < a[name]]
+    assert not same, f"paths whose speed ignores the profile: {same}"

@@ -200,9 +200,10 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             fragmentation_bytes=getattr(mem, "fragmentation_bytes", 0), speed_terms=speed.terms,
         ))
 
-    plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits)
+    plans += extra_paths(shape, wl, hw, knobs, ckpt, run_dtype, str(model), _fits, figures)
     if loop:
-        plans += plan_loop.loop_plans(shape, wl, hw, knobs, _fits, _largest, pos_limit, hard, MAX_BATCH_SEARCH)
+        plans += plan_loop.loop_plans(shape, wl, hw, knobs, _fits, _largest, pos_limit, hard, MAX_BATCH_SEARCH,
+                                       figures)
         chosen, compared = plan_loop.choose(plans), [p for p in plans if p.name in plan_loop.TRAINING_PATHS]
     else:
         chosen, compared = _choose_tiered(plans)

@@ -120,9 +120,11 @@ def estimate_device_map(shape, wl, hw) -> tuple[PathMemory, dict]:
     return mem, info
 
 
-def device_map_speed(speed, mem, hw, wl):
-    """Sequential over the GPUs (the plain step of the whole model) plus the offloaded layers' copies."""
-    extra = mem.gathered_bytes_per_step / (hw.h2d_bandwidth * PAGEABLE_FACTOR) if mem.gathered_bytes_per_step else 0.0
+def device_map_speed(speed, mem, hw, wl, figures=None):
+    """Sequential over the GPUs (the plain step of the whole model) plus the offloaded layers' copies, from
+    pageable host memory: at the measured pageable host-to-device rate when a profile has one."""
+    pageable = figures.h2d_pageable if figures is not None else hw.h2d_bandwidth * PAGEABLE_FACTOR
+    extra = mem.gathered_bytes_per_step / pageable if mem.gathered_bytes_per_step else 0.0
     step = speed.decode_step_s + extra
     prefill = speed.prefill_s + extra
     total = prefill + max(wl.new_tokens - 1, 0) * step

@@ -23,7 +23,8 @@ def _zero_code(name: str, model: str, gpus: int, dtype: str, knobs) -> tuple[dic
     return with_q, code.replace(json.dumps(cfg, indent=2), json.dumps(with_q, indent=2))
 
 
-def extra_paths(shape, wl, hw, knobs, ckpt, run_dtype: str, model: str, fits) -> list[PathPlan]:
+def extra_paths(shape, wl, hw, knobs, ckpt, run_dtype: str, model: str, fits, figures=None) -> list[PathPlan]:
+    """``figures``: the machine's speed figures (``speed.figures_for``: the calibrate profile's where measured)."""
     inv = shape.inventory
     if knobs is not None:  # the stage-3 tuning applies; the optimizer belongs to the config's own path
         knobs = dataclasses.replace(knobs, has_optimizer=False, offload_param=None)
@@ -37,21 +38,21 @@ def extra_paths(shape, wl, hw, knobs, ckpt, run_dtype: str, model: str, fits) ->
         methods[0].method = "device-map"
         method, _ = apply_loading(mem, methods, hw.host_memory)
         plain_like = estimate_path_like(mem)
-        speed = dm.device_map_speed(estimate_speed(plain_like, shape, wl, hw), mem, hw, wl)
+        speed = dm.device_map_speed(estimate_speed(plain_like, shape, wl, hw, None, figures), mem, hw, wl, figures)
         out.append(_plan(mem, speed, fits(mem, hw), method, methods, dm.code(model, TORCH_DTYPE[run_dtype]),
                          None, [f"placement: {len(info['placement'])} units over {hw.gpus} GPU(s)"]))
     for name in quant.QUANT_PATHS:
         if name.startswith("bnb"):
             mem = quant.bnb_estimate(name, shape, wl, hw)
             methods = methods_for("plain", ckpt, wl.dtype, 1, hw.gpus, weights, largest)
-            speed = quant.bnb_speed(estimate_speed(estimate_path_like(mem), shape, wl, hw), name)
+            speed = quant.bnb_speed(estimate_speed(estimate_path_like(mem), shape, wl, hw, None, figures), name)
             code, cfg = quant.bnb_code(name, model, TORCH_DTYPE[run_dtype], hw.gpus), None
         else:
             mem = quant.zero_int4_estimate(name, shape, wl, hw, knobs)
             if mem is None:
                 continue
             methods = methods_for("zero3", ckpt, wl.dtype, mem.ranks, mem.replicas, weights, largest)
-            speed = estimate_speed(mem, shape, wl, hw, knobs)
+            speed = estimate_speed(mem, shape, wl, hw, knobs, figures)
             cfg, code = _zero_code(name, model, hw.gpus, run_dtype, knobs)
         method, _ = apply_loading(mem, methods, hw.host_memory)
         out.append(_plan(mem, speed, fits(mem, hw), method, methods, code, cfg, []))

@@ -133,11 +133,13 @@ def loop_path(name: str, zero3: PathMemory, plain: PathMemory, numel: int, weigh
                       {k: int(v) for k, v in breakdown.items() if v}, host, weights, 0, notes)
 
 
-def loop_speed(name: str, plain_speed: Speed, weights: int, gpus: int, hw, wl) -> Speed:
-    """Plain speed; gather-once adds one all-gather of every parameter per generate."""
+def loop_speed(name: str, plain_speed: Speed, weights: int, gpus: int, hw, wl, figures=None) -> Speed:
+    """Plain speed; gather-once adds one all-gather of every parameter per generate (at the measured
+    all-gather bus bandwidth when a profile has one)."""
     gather = 0.0
     if name == "zero3-gather-once" and gpus > 1:
-        gather = weights * (gpus - 1) / gpus / (hw.gpu_gpu_bandwidth * LINK_EFFICIENCY)
+        bus = figures.allgather_bus_bw if figures is not None else hw.gpu_gpu_bandwidth * LINK_EFFICIENCY
+        gather = weights * (gpus - 1) / gpus / bus
     tokens = wl.batch * wl.new_tokens
     total = tokens / plain_speed.tokens_per_s + gather
     return Speed(plain_speed.decode_step_s, plain_speed.prefill_s + gather, tokens / total,
@@ -194,15 +196,15 @@ def estimate(name: str, shape, wl, hw, knobs) -> PathMemory | None:
     return mem
 
 
-def speed(name: str, mem: PathMemory, shape, wl, hw, knobs) -> Speed:
+def speed(name: str, mem: PathMemory, shape, wl, hw, knobs, figures=None) -> Speed:
     from dsdoctor.plan.memory import estimate_path
     from dsdoctor.plan.speed import estimate_speed
 
     if name not in LOOP_PATHS:
-        return estimate_speed(mem, shape, wl, hw, knobs)
+        return estimate_speed(mem, shape, wl, hw, knobs, figures)
     plain = estimate_path("plain", shape, wl, hw, None)
-    return loop_speed(name, estimate_speed(plain, shape, wl, hw, None), shape.inventory.num_params * wl.dtype_bytes,
-                      hw.gpus, hw, wl)
+    return loop_speed(name, estimate_speed(plain, shape, wl, hw, None, figures),
+                      shape.inventory.num_params * wl.dtype_bytes, hw.gpus, hw, wl, figures)
 
 
 def findings(plans: list, chosen) -> list:
@@ -238,14 +240,15 @@ def in_loop(name: str, mem: PathMemory | None, shape, wl, knobs) -> PathMemory |
     return with_training_state(mem, shape.inventory.num_params, wl.dtype_bytes, knobs, train_step_bytes(shape, wl))
 
 
-def loop_plans(shape, wl, hw, knobs, fits, largest, pos_limit, hard, max_batch_search: int) -> list:
-    """PathPlan rows of ``zero2`` and ``zero3-gather-once``, with the largest batch and prompt that fit."""
+def loop_plans(shape, wl, hw, knobs, fits, largest, pos_limit, hard, max_batch_search: int, figures=None) -> list:
+    """PathPlan rows of ``zero2`` and ``zero3-gather-once``, with the largest batch and prompt that fit;
+    speed from the machine's figures (``speed.figures_for``)."""
     from dsdoctor.plan.result import PathPlan
 
     out = []
     for name in LOOP_PATHS:
         mem = estimate(name, shape, wl, hw, knobs)
-        spd = speed(name, mem, shape, wl, hw, knobs)
+        spd = speed(name, mem, shape, wl, hw, knobs, figures)
         ok, limits = fits(mem, hw)
 
         def fits_with(name=name, **change):  # bound now: called within this iteration only
