@@ -162,12 +162,14 @@ def _v(name, status="ok", gpu=None, host=None, tps=None, offload="cpu"):
 
 
 @pytest.mark.parametrize("rows,code", [
-    ([_v("as-is", gpu=40 * GiB, tps=10), _v("no-offload-param", gpu=31 * GiB, tps=11)], "DSD310"),
+    # the expert's verdict (DSD346) leads whenever it can be drawn: here gathering dominates (DSD310's reading)
+    ([_v("as-is", gpu=40 * GiB, tps=10), _v("no-offload-param", gpu=31 * GiB, tps=11)], "DSD346"),
     ([_v("as-is", "oom"), _v("no-offload-param", gpu=31 * GiB)], "DSD310"),
     ([_v("as-is", "oom"), _v("no-offload-param", "oom")], "DSD311"),
-    ([_v("as-is", gpu=20 * GiB, tps=3), _v("no-offload-param", gpu=30 * GiB, tps=41)], "DSD312"),
+    # ... and here the host-to-device copy (DSD312's reading)
+    ([_v("as-is", gpu=20 * GiB, tps=3), _v("no-offload-param", gpu=30 * GiB, tps=41)], "DSD346"),
     ([_v("as-is", gpu=20 * GiB, host=90 * GiB, tps=30), _v("no-offload-param", gpu=30 * GiB, host=20 * GiB, tps=31)],
-     "DSD312"),
+     "DSD346"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("split", gpu=12 * GiB, tps=30)], "DSD314"),
     ([_v("as-is", gpu=20 * GiB, tps=4), _v("no-offload-param", "oom"), _v("split", gpu=19 * GiB, tps=4)], "DSD315"),
     ([_v("as-is", gpu=20 * GiB, tps=30), _v("no-offload-param", gpu=21 * GiB, tps=31),
@@ -180,6 +182,11 @@ def test_ab_diagnosis_table(rows, code):
     result = AbResult(["python", "x.py"], rows, diagnose(rows))
     assert result.diagnosis.code == code
     assert result.to_dict("zh")["diagnosis"]["message"]
+    head = result.to_text("en").split("diagnosis: ", 1)[1].splitlines()[0]
+    assert head.startswith(code)
+    if code == "DSD346":  # the single comparison it is drawn from is still reported beside it
+        assert {"DSD310", "DSD312"} & {f.code for f in result.findings}
+        assert head.split(" ", 1)[1].startswith(("gathering dominates", "host-to-device bottleneck"))
 
 
 # ---------------------------------------------------------------- CLI and real processes

@@ -77,9 +77,11 @@ def plan_breakdown(shape: dict) -> dict | None:
 
 
 def _measured(v):
-    if v.generate_peak_gpu_bytes:
-        return v.generate_peak_gpu_bytes, "GPU"
-    return v.generate_peak_host_bytes, "host"
+    """The peak ab compares (as ``diagnose_ab._metric``): the generate peak when the variant reached generate,
+    else its whole-run peak; GPU when the run had one."""
+    if v.generate_peak_gpu_bytes or v.peak_gpu_bytes:
+        return v.generate_peak_gpu_bytes or v.peak_gpu_bytes, "GPU"
+    return v.generate_peak_host_bytes or v.peak_host_bytes, "host"
 
 
 def attribution(v) -> dict | None:

@@ -17,7 +17,9 @@ from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PRIORITY = ("DSD320", "DSD332", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+# ab's main diagnosis, the first of these it found: the expert's verdict in numbers (DSD346) comes before
+# the single comparisons it is drawn from (DSD310, DSD312) and before "nothing changed decisively" (DSD313)
+PRIORITY = ("DSD320", "DSD332", "DSD346", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
 
 
 @dataclass
