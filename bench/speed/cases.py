@@ -154,6 +154,15 @@ RUN4 = [case("run4", *c, repeats=3) for c in [
     case("hist4", "llama-3b", "zero3-offload", 8, 512, 8, history=True),
 ]
 
+# Run 6: ZeRO-3 offload with a prefill long enough that the GPU computes a layer longer than it copies it
+# (the host runs ahead of the compute stream): reserved peaks, with and without the allocator's history.
+RUN6 = [
+    case("run6", "llama-8b", "zero3-offload", 16, 2048, 4, history=True),
+    case("run6", "llama-8b", "zero3-offload", 16, 2048, 4),
+    case("run6", "qwen2-1.5b", "zero3-offload", 16, 2048, 4, history=True),
+    case("run6", "llama-8b", "zero3-offload", 8, 2048, 4, history=True),
+]
+
 TINY_CASES = [
     case("dev", "tiny", "plain", 2, 16, 4),
     case("dev", "tiny", "zero3", 2, 16, 4),

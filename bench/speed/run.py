@@ -24,7 +24,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(HERE))
 
-from cases import CASES, MODELS, RUN3, RUN4, TINY_CASES, TINY_MODELS, VALIDATION  # noqa: E402
+from cases import CASES, MODELS, RUN3, RUN4, RUN6, TINY_CASES, TINY_MODELS, VALIDATION  # noqa: E402
 
 
 def log(msg):
@@ -178,10 +178,12 @@ def main() -> int:
     ap.add_argument("--nvme-path", default=None)
     ap.add_argument("--reestimate", nargs="+", default=None)
     ap.add_argument("--profile", default=None)
-    ap.add_argument("--set", default="all", choices=("dev", "holdout", "validation", "run3", "run4", "rerun3", "hist4", "all"))
+    ap.add_argument("--set", default="all",
+                    choices=("dev", "holdout", "validation", "run3", "run4", "rerun3", "hist4", "run6", "all"))
     ap.add_argument("--validation", action="store_true", help="measure the validation cases (run 2)")
     ap.add_argument("--run3", action="store_true", help="measure run 3's cases")
     ap.add_argument("--run4", action="store_true", help="measure run 4's cases")
+    ap.add_argument("--run6", action="store_true", help="measure run 6's cases")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +196,7 @@ def main() -> int:
         print(md)
         return 0
     start = time.time()
-    sets = RUN4 if a.run4 else RUN3 if a.run3 else VALIDATION if a.validation else CASES
+    sets = RUN6 if a.run6 else RUN4 if a.run4 else RUN3 if a.run3 else VALIDATION if a.validation else CASES
     models, cases = (TINY_MODELS, TINY_CASES) if a.tiny else (MODELS, sets)
     if a.only:
         keys = a.only.split(",")
