@@ -140,6 +140,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
     profile = resolve_profile(machine, detect)
     figures = figures_for(hw, profile)
+    hw.figures = figures  # not a field: the reserved replay's clocks read it (plan/reserved.py timing_for)
     if alloc_conf is None:
         alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     expandable = "expandable_segments:true" in alloc_conf.replace(" ", "").lower()

@@ -272,13 +272,14 @@ class Point:
 class GatherReplay:
     """DeepSpeed's fetch / prefetch / release over one forward (``partitioned_param_coordinator``), step by
     step. ``held()`` is the bytes of whole parameters and gather buffers on the GPU. Every buffer it creates
-    or frees is also told to ``sink(op, key, nbytes)`` (op "alloc" or "free"), in DeepSpeed's order: the
+    or frees is also told to ``sink(op, key, nbytes[, kind])`` (op "alloc" or "free"; "wait" where the module
+    waits for its gathers; kind "copy" for a copy out of a coalesced buffer), in DeepSpeed's order: the
     allocated-peak model (``gather_points``) and the caching-allocator replay (``plan/reserved.py``) read
     the same sequence."""
 
     def __init__(self, steps: list[Step], b: int, g: Gather, prefetch: bool, numel_of: list[int], sink=None):
         self.b, self.g, self.prefetch, self.numel_of = b, g, prefetch, numel_of
-        self.sink = sink or (lambda op, key, nbytes=0: None)
+        self.sink = sink or (lambda op, key, nbytes=0, kind=None: None)
         self.active = g.zero3 and (g.world > 1 or bool(g.offload))
         self.persistent = {i for i, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
         self.avail: dict[int, int] = {}  # param -> bytes of its whole copy
@@ -355,7 +356,7 @@ class GatherReplay:
                 mark(" (wait)", copies)
                 for q in self.members.pop(grp):
                     self.avail[q] = numel_of[q] * b
-                    self.sink("alloc", ("param", q), self.avail[q])
+                    self.sink("alloc", ("param", q), self.avail[q], "copy")
                 self.pending[grp] = set(q for q in self.group_of if self.group_of[q] == grp)
             # the handle (and its flat buffer) stays referenced by the in-flight registry until the last
             # parameter of the group has been waited for by its own module
@@ -364,6 +365,7 @@ class GatherReplay:
                 self.pending.pop(grp)
                 if self.inflight.pop(grp, None) is not None:
                     self.sink("free", ("flat", grp))
+        self.sink("wait", None, 0)  # the module waits here for its gathers, before it prefetches
         if self.prefetch:
             wanted = {p for p in need if self.most_recent.get(p, -1) < self.real_idx}
             queue = self.queue
@@ -655,8 +657,16 @@ def estimate_path(name: str, shape: ModelShape, wl, hw, knobs=None, expandable: 
     if reserved_ratio is not None:
         reserved = int(peak * reserved_ratio)
     else:
+        from dsdoctor.plan.reserved import timing_for
+
+        # the clocks of the deferred releases, on several ranks only: there the host runs ahead of the compute
+        # stream whenever a layer computes longer than it gathers (measured on 2 x H200: 21.67 GiB reserved for
+        # 13.8 allocated). On one rank with offload the host waits for every copy; the replay without clocks
+        # matches its recorded allocator history exactly, and clocks there moved some cases away from the
+        # measurement (BENCHMARKS.md, runs 3-6)
+        timing = timing_for(name, shape, hw, getattr(hw, "figures", None)) if g.zero3 and world > 1 else None
         reserved = reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable,
-                                training_bytes=sum(t_gpu.values()), tp=tp)
+                                training_bytes=sum(t_gpu.values()), tp=tp, timing=timing)
     # deepspeed.initialize needs a process group: ZeRO-3 holds NCCL's buffers on one rank too (measured on one
     # H200: 1.25 GiB outside the allocator under ZeRO-3 vs 0.68 GiB plain, bench/speed run 1)
     outside = (context_bytes if context_bytes is not None else CUDA_CONTEXT) + (NCCL_BUFFERS if world > 1 or zero3 else 0)

@@ -19,15 +19,23 @@ last few tokens of each generate (the rest repeat them with a slightly longer ca
 
 Checked against ``torch.cuda.memory._record_memory_history`` of real runs (one H200, ZeRO-3 with
 offload_param, bench/speed run 3): the gather stream's allocations and frees equal the recorded ones, and
-the allocator model fed the recorded events reproduces the recorded reserved peak exactly. Not modelled:
+the allocator model fed the recorded events reproduces the recorded reserved peak exactly.
+
 DeepSpeed frees a gathered parameter with ``record_stream`` on the compute stream, so its block returns to
-the pool only once the GPU has run the kernels that read it; when the compute stream lags the host, the
-allocator takes new segments meanwhile (up to 20% more reserved on small-model offload runs, measured).
+the pool only once the GPU has run the kernels that read it. On several ranks the host runs ahead of the
+compute stream whenever a layer computes longer than it gathers (a long prefill), and the allocator takes
+new segments for what it gathers meanwhile: 2 x H200, Llama-3.1-8B shape, batch 8, prompt 2048: 13.8 GiB
+allocated, 21.7 GiB reserved. The replay runs clocks for the host, the gather stream and the compute stream
+from the machine's figures (``Timing``) on several ranks, which reproduces that record within 1.1%. On one
+rank with offload the host waits for every copy; the clocks are not used there. What they would add on one
+rank was measured (up to -33% at batch 16 x prompt 2048, bench/speed run 6) but they did not reproduce it
+case by case.
 """
 from __future__ import annotations
 
 import bisect
 import math
+from dataclasses import dataclass
 
 from dsdoctor.findings import Finding
 
@@ -76,6 +84,9 @@ class Allocator:
         self.peak_allocated = 0
         self._next_seg = 0
         self._grow: dict = {}  # expandable: the one segment per pool
+        self.deferred: dict = {}  # id -> bytes: released by the program, not yet reusable (record_stream)
+        self.deferred_bytes = 0
+        self.peak_live = 0  # allocated minus deferred: what max_memory_allocated counts
 
     def _add_free(self, pool, seg, addr, size):
         bisect.insort(pool, (size, seg, addr))
@@ -132,11 +143,20 @@ class Allocator:
         self.live[tid] = (key, seg, addr, size)
         self.allocated += size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_live = max(self.peak_live, self.allocated - self.deferred_bytes)
+
+    def defer(self, tid) -> None:
+        """The program has released ``tid``; its block stays taken until ``release`` (its stream's event)."""
+        got = self.live.get(tid)
+        if got is not None and tid not in self.deferred:
+            self.deferred[tid] = got[3]
+            self.deferred_bytes += got[3]
 
     def release(self, tid: int) -> None:
         got = self.live.pop(tid, None)
         if got is None:
             return
+        self.deferred_bytes -= self.deferred.pop(tid, 0)
         key, seg, addr, size = got
         self.allocated -= size
         pool = self.free[key]
@@ -155,10 +175,13 @@ class _Run:
     def __init__(self, alloc: Allocator):
         self.a = alloc
         self.n = 0
+        self.before = None  # called before each allocation (the allocator processes its events first)
 
     def new(self, nbytes, stream: int = 0) -> int:
         self.n += 1
         if nbytes > 0:
+            if self.before is not None:
+                self.before()
             self.a.malloc(self.n, int(nbytes), stream)
         return self.n
 
@@ -299,6 +322,34 @@ def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv
     r.free(f32, proc)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """The machine figures the deferred frees depend on (bytes/s, FLOP/s, seconds)."""
+    h2d: float  # host-to-device copy of an offloaded parameter
+    gather_bw: float  # all-gather bus bandwidth (several ranks)
+    matmul: float
+    attention: float
+    hbm: float
+    host_module: float  # host time per module with parameters: its ZeRO-3 hooks and its kernel launches
+    host_container: float  # host time per module without parameters: its hooks
+
+
+def timing_for(name: str, shape, hw, figures=None) -> Timing:
+    """From the machine's figures (``speed.figures_for``: a calibrate profile's where measured)."""
+    from dsdoctor.plan.speed import _hooked_modules, figures_for
+
+    f = figures or figures_for(hw)
+    v = f.values
+    offload = name.startswith("zero3-offload")
+    hook = v["zero3_offload_module_s" if offload else "zero3_module_s"]
+    param_modules = max(len(shape.inventory.modules()), 1)
+    per_layer = max(param_modules / max(shape.layers, 1), 1.0)
+    host_module = hook + v["eager_layer_s"] / per_layer
+    containers = max(_hooked_modules(shape) - param_modules, 0)
+    return Timing(f.h2d_pinned, f.allgather_bus_bw, f.matmul_flops, f.attention_flops, f.hbm_read,
+                  host_module, hook if containers else 0.0)
+
+
 def _step_key(step) -> object:
     """The replay's name for a module step: "<embed>", "<lm_head>", "<norm>", or (layer, kind)."""
     from dsdoctor.plan.memory import _step_kind
@@ -315,12 +366,24 @@ _LAYER_KINDS = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj
                 "gate_proj", "up_proj", "down_proj")
 
 
-def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list, tp: int = 1):
+def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list, tp: int = 1,
+                   timing: Timing | None = None):
     """fetch/release callbacks that allocate and free whole parameters and gather buffers as ZeRO-3 does,
     in the order ``memory.GatherReplay`` models (the same sequence the allocated peak is computed from):
     fetch(key) runs the pre-forward hooks of every module up to the one named ``key`` (containers prefetch
     too), release(key) its post-forward hook. Nothing happens when nothing is gathered (one rank without
-    offload keeps whole parameters)."""
+    offload keeps whole parameters).
+
+    With ``timing``, three clocks run beside the sequence: the host's, the gather stream's (copies from the
+    host, all-gathers) and the compute stream's. DeepSpeed releases a gathered parameter with
+    ``record_stream`` on the compute stream (``free_param``), so the caching allocator reuses its block only
+    once the GPU has run the module that read it: a release is pending until the compute clock passes that
+    module, and is processed before the next allocation the host makes after that time. The host waits for
+    the gather stream where DeepSpeed waits (with offload on one rank, ``NoGatherHandle.wait`` synchronizes
+    the stream; on several ranks, at most two fetch events are outstanding) and for the GPU at the end of
+    every forward (generate reads the new token)."""
+    import collections
+
     from dsdoctor.plan.memory import GatherReplay, trace_steps
 
     inv = shape.inventory
@@ -341,18 +404,92 @@ def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list,
     persistent = {k for k, n in enumerate(numel_of) if n <= g.persistence_threshold} if g.zero3 else set()
     held: set = set()  # persistent parameters: fetched once, whole for good
     tensors: dict = {}  # the replay's buffer key -> tensor id
-    state = {"rep": None, "pos": 0, "entered": {}}
+    state = {"rep": None, "pos": 0, "entered": {}, "n": 1, "batch": 1, "ctx": 1, "prefill": True}
+    clock = {"host": 0.0, "gather": 0.0, "compute": 0.0, "gathered": 0.0}
+    waits: collections.deque = collections.deque()
+    pending: list = []  # (compute time after which the block is free, tensor id)
 
-    def sink(op, key, nbytes=0):
+    def process_events():
+        if pending:
+            now = clock["host"]
+            keep = []
+            for t, tid in pending:
+                if t <= now:
+                    r.free(tid)
+                else:
+                    keep.append((t, tid))
+            pending[:] = keep
+
+    if timing is not None and active:
+        r.before = process_events
+
+    def transfer_s(key, nbytes, kind):
+        if timing is None or kind == "copy" or key[0] not in ("param", "flat", "stage"):
+            return 0.0
+        if key[0] == "stage" or g.world == 1:
+            return nbytes / timing.h2d
+        return nbytes * (g.world - 1) / g.world / timing.gather_bw
+
+    def sink(op, key, nbytes=0, kind=None):
         if op == "alloc":
             tensors[key] = r.new(nbytes, GATHER_STREAM)
+            dt = transfer_s(key, nbytes, kind)
+            if dt:
+                clock["gather"] = max(clock["gather"], clock["host"]) + dt
+        elif op == "wait":
+            if timing is None:
+                return
+            if g.world == 1:  # NoGatherHandle.wait: the gather stream is synchronized
+                clock["host"] = max(clock["host"], clock["gather"])
+            else:  # the all-gather's wait is the stream's; the host keeps at most two fetch events open
+                waits.append(clock["gather"])
+                if len(waits) > 2:
+                    clock["host"] = max(clock["host"], waits.popleft())
+            clock["gathered"] = clock["gather"]
         else:
-            r.free(tensors.pop(key, None))
+            tid = tensors.pop(key, None)
+            if timing is not None and key[0] == "param" and tid is not None:
+                pending.append((clock["compute"], tid))
+                r.a.defer(tid)
+            else:
+                r.free(tid)
 
-    def start():
-        state["rep"] = GatherReplay(steps, b, g, prefetch_on[0], numel_of, sink)
-        state["pos"] = 0
-        state["entered"] = {}
+    def compute_s(i) -> float:
+        st = steps[i]
+        if timing is None or not st.params:
+            return 0.0
+        key = keys[i]
+        numel = sum(numel_of[p] for p, _ in st.params)
+        n, batch = state["n"], state["batch"]
+        kind = key[1] if isinstance(key, tuple) else key
+        if kind in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "<lm_head>"):
+            rows = batch if kind == "<lm_head>" and shape.logits_to_keep else n
+            t = max(2 * rows * numel / timing.matmul, numel * b / timing.hbm)
+            if kind == "o_proj":
+                layer = key[0]
+                window = shape.kv_window[layer]
+                ctx = min(state["ctx"], window) if window else state["ctx"]
+                if state["prefill"]:
+                    t += 4 * n * ctx * shape.q_dim / tp / 2 / timing.attention
+                else:
+                    t += batch * ctx * shape.kv_elems_per_token[layer] * b / tp / timing.hbm
+            return t
+        return n * shape.hidden * 12 / timing.hbm  # norms, embedding lookup: elementwise passes
+
+    def run_module(i):
+        """The host issues module ``i``'s hooks and kernels; the compute stream runs it once its gathers
+        are in."""
+        if timing is None:
+            return
+        st = steps[i]
+        clock["host"] += timing.host_module if st.params else timing.host_container
+        begin = max(clock["compute"], clock["host"], clock["gathered"] if st.params else 0.0)
+        clock["compute"] = begin + compute_s(i)
+
+    def start(n=1, batch=1, ctx=1, prefill=True):
+        state.update(rep=GatherReplay(steps, b, g, prefetch_on[0], numel_of, sink), pos=0, entered={}, n=n,
+                     batch=batch, ctx=ctx, prefill=prefill)
+        waits.clear()
 
     def fetch(key):
         if not active:
@@ -373,6 +510,7 @@ def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list,
                     held.add(p)
                     r.new(numel_of[p] * b, GATHER_STREAM)
             rep.enter(st)
+            run_module(i)
             if keys[i] == key:
                 state["entered"][key] = st
                 return
@@ -389,18 +527,22 @@ def _zero3_fetcher(r: _Run, shape, g, b: int, numel_of: list, prefetch_on: list,
         if active and state["rep"] is not None:
             rep = state["rep"]
             while state["pos"] < len(steps):  # modules after the last one the replay names
-                st = steps[state["pos"]]
+                i = state["pos"]
+                st = steps[i]
                 state["pos"] += 1
                 if not st.virtual:
                     rep.enter(st)
+                    run_module(i)
                     rep.leave(st)
             rep.finish()
+            # generate reads the new token: the host waits for the GPU, and every pending block is free
+            clock["host"] = max(clock["host"], clock["compute"])
 
     return fetch, release, start, finish
 
 
 def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, tp: int = 1,
-             training_bytes: int = 0) -> Allocator:
+             training_bytes: int = 0, timing: Timing | None = None) -> Allocator:
     a = Allocator(expandable)
     r = _Run(a)
     b = wl.dtype_bytes
@@ -428,19 +570,19 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
         r.new(training_bytes)
     r.new(32 * MiB)  # cuBLAS workspace, at the first matmul
     prefetch_on = [False]
-    fetch, release, start, finish = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on, tp)
+    fetch, release, start, finish = _zero3_fetcher(r, shape, g, b, numel_of, prefetch_on, tp, timing)
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
     for _generate in range(2):  # the warm-up generate and the timed one
         kv: dict = {}
         steps = list(range(1, T))
         if len(steps) > 2 * DECODE_STEPS_REPLAYED:
             steps = steps[:DECODE_STEPS_REPLAYED] + steps[-DECODE_STEPS_REPLAYED:]
-        start()
+        start(B * S, B, S, True)
         _forward(r, shape, B, S, S, b, tp, kv, fetch, release, prefill=True)
         finish()
         prefetch_on[0] = True  # from the second forward on, ZeRO-3 prefetches along the recorded trace
         for t in steps:
-            start()
+            start(B, B, S + t, False)
             _forward(r, shape, B, 1, S + t, b, tp, kv, fetch, release, prefill=False)
             finish()
         for tid in list(kv.values()):
@@ -461,13 +603,15 @@ def _shape_key(shape, numel_of) -> tuple:
             tuple(inv.tied))
 
 
-def reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable, training_bytes=0, tp=1) -> int:
+def reserved_for(name, shape, wl, g, peak, phase, moment, numel_of, expandable, training_bytes=0, tp=1,
+                 timing: Timing | None = None) -> int:
     """Peak reserved bytes for a run whose allocated peak plan puts at ``peak``: the simulated allocator's
-    reserved peak, scaled by how far its own allocated peak is from plan's exact one."""
-    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp)
+    reserved peak, shifted by how far its own allocated peak (deferred releases not counted, as
+    ``max_memory_allocated`` does not count them) is from plan's exact one."""
+    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing)
     if key not in _CACHE:
-        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes)
-        _CACHE[key] = (a.peak_reserved, a.peak_allocated)
+        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing)
+        _CACHE[key] = (a.peak_reserved, a.peak_live)
         if len(_CACHE) > 256:
             _CACHE.pop(next(iter(_CACHE)))
     res, alloc = _CACHE[key]
