@@ -81,7 +81,6 @@ class Allocator:
         self.reserved = 0
         self.peak_reserved = 0
         self.allocated = 0
-        self.peak_allocated = 0
         self._next_seg = 0
         self._grow: dict = {}  # expandable: the one segment per pool
         self.deferred: dict = {}  # id -> bytes: released by the program, not yet reusable (record_stream)
@@ -142,7 +141,6 @@ class Allocator:
             size = bsize
         self.live[tid] = (key, seg, addr, size)
         self.allocated += size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
         self.peak_live = max(self.peak_live, self.allocated - self.deferred_bytes)
 
     def defer(self, tid) -> None:
