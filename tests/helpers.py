@@ -11,6 +11,9 @@ from dsdoctor.proctree import terminate_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "src" / "dsdoctor" / "examples"
+TESTS = ROOT / "tests"
+DATA = TESTS / "data"  # configs/, arch_configs/, alloc_history/
+SCRIPTS = TESTS / "scripts"  # the scripts tests launch
 CORPUS = ROOT.parent / "shared" / "corpus" / "ds_configs"
 
 TINY_LLAMA = {

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import deepspeed_env, free_port, run_cli
+from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 BUNDLED_ONLY = {"DSD101", "DSD102", "DSD105", "DSD203"}  # what the bundled 7B training example reports
 

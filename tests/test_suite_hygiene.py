@@ -60,7 +60,7 @@ def test_corpus_tests_fail_in_ci_and_skip_elsewhere_when_the_corpus_is_missing(t
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, CI=ci, DSDOCTOR_CORPUS=str(tmp_path / "no-corpus"), PYTHONPATH=str(root / "src"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(root / "tests" / "test_config_corpus.py")],
+                           str(root / "tests" / "config/test_corpus.py")],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     if ci:
         assert proc.returncode not in (0, 5) and "config corpus not found" in proc.stdout, proc.stdout[-2000:]

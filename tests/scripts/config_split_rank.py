@@ -1,4 +1,4 @@
-"""Launched by tests/test_config_split_deepspeed.py through the deepspeed launcher (CPU accelerator, 2 ranks).
+"""Launched by tests/config/test_split_deepspeed.py through the deepspeed launcher (CPU accelerator, 2 ranks).
 
 Usage: config_split_rank.py DS_CONFIG MODEL_DIR OUT_DIR
 Builds a random-weight Llama from MODEL_DIR/config.json, runs deepspeed.initialize with DS_CONFIG, records

@@ -1,6 +1,6 @@
 """DeepSpeed 0.19.8's config schema, as data: the keys each pydantic section accepts, their value types and
 defaults, and the keys DeepSpeed rejects outright. Read from deepspeed/runtime/config.py, runtime/zero/config.py,
-runtime/zero/offload_config.py, runtime/precision_config.py and inference/config.py; tests/test_config_corpus.py
+runtime/zero/offload_config.py, runtime/precision_config.py and inference/config.py; tests/config/test_corpus.py
 compares every table here with DeepSpeed's own models, so a DeepSpeed upgrade that changes them fails loudly.
 """
 from __future__ import annotations

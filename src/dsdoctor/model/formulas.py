@@ -2,7 +2,7 @@
 
 Each builder lists the tensors transformers 5 registers for that ``model_type`` (names, shapes, order of
 registration, tied lm_head, biases and norms), so ``--counts formula`` matches the meta-device count
-exactly (``tests/test_model_formulas.py`` builds both for public configs). An architecture without a
+exactly (``tests/model/test_formulas.py`` builds both for public configs). An architecture without a
 builder gets the Llama-style formula, marked ``formula-approx``.
 """
 from __future__ import annotations

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,7 @@ from dsdoctor.plan.loading import (
     zero3_methods,
 )
 from dsdoctor.plan.paths_tp import tp_splits
-from tests.helpers import EXAMPLES, run_cli
+from tests.helpers import EXAMPLES, ROOT, run_cli
 
 QWEN72 = EXAMPLES / "qwen2-72b"
 
@@ -264,7 +263,7 @@ def test_zero_inference_int4_config_carries_weight_quantization():
 
 def test_loading_bench_reestimates_a_recorded_run(tmp_path):
     """bench/plan/loading_gpu.py --reestimate: today's predictions beside recorded measurements, no GPU."""
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     rows = [{"size": "7b", "format": "safetensors", "case": c, "peak_anon": 5 * 2**29, "peak_file": f,
              "peak_rss": 5 * 2**29 + f, "error_rss_pct": 1.0} for c, f in (("to-gpu", 13 * 2**30),
                                                                              ("cpu-then-to", 5 * 2**30))]

@@ -12,9 +12,8 @@ import pytest
 
 from dsdoctor.findings import all_rules
 from dsdoctor.proctree import deepspeed_shm_files
-from tests.helpers import deepspeed_env, run_cli
+from tests.helpers import SCRIPTS, deepspeed_env, run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
 SCRIPT = SCRIPTS / "infer_tiny.py"
 CONFIG = SCRIPTS / "train_zero3_offload.json"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")

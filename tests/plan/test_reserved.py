@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from dsdoctor.plan.api import plan
 from dsdoctor.plan.reserved import LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size
-from tests.helpers import EXAMPLES
+from tests.helpers import DATA, EXAMPLES
 
 MiB = 2**20
 
@@ -115,8 +114,8 @@ def test_fits_is_decided_on_reserved_plus_context():
 
 # --- against a recorded allocator history (tests/data/alloc_history: one H200, ZeRO-3 offload, 8B shape) ---
 
-HISTORY = Path(__file__).parent / "data" / "alloc_history"
-ARCH = Path(__file__).parent / "data" / "arch_configs"
+HISTORY = DATA / "alloc_history"
+ARCH = DATA / "arch_configs"
 
 
 def _recorded():

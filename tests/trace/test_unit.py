@@ -17,9 +17,8 @@ from dsdoctor.trace.diagnose_ab import VariantResult, diagnose
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import _where_in_stack, run_status, summarize_rank, trace_findings
-from tests.helpers import ROOT, run_cli
+from tests.helpers import ROOT, SCRIPTS, run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = json.loads((SCRIPTS / "train_zero3_offload.json").read_text())
 GiB = 1024**3
 

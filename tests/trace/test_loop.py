@@ -19,9 +19,8 @@ from dsdoctor.trace.diagnose_ab import VariantResult, diagnose
 from dsdoctor.trace.multinode import nodes_of
 from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import summarize_rank, trace_findings
-from tests.helpers import deepspeed_env, free_port, run_cli
+from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
 PPO = SCRIPTS / "ppo_loop.py"
 PPO_CONFIG = SCRIPTS / "ppo_zero3.json"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")

@@ -14,9 +14,8 @@ import pytest
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import clip, run_status, summarize_rank, trace_findings
-from tests.helpers import deepspeed_env, free_port, run_cli
+from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
-SCRIPTS = Path(__file__).parent / "scripts"
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 
 

@@ -1,15 +1,15 @@
 """init_inference configs read as DeepSpeedInferenceConfig reads them, the ignored zero section, and the
 deepspeed.initialize config that does what the user meant (issue 13, item 2)."""
 import json
-from pathlib import Path
 
 import pytest
 
 from dsdoctor.config.check import check
 from dsdoctor.config.inference_config import read_inference_config
+from tests.helpers import DATA as HELPERS_DATA
 from tests.helpers import run_cli, write_model_config
 
-DATA = Path(__file__).parent / "data" / "configs"
+DATA = HELPERS_DATA / "configs"
 
 
 def codes(result):

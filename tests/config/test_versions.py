@@ -4,15 +4,15 @@ import json
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import pytest
 
 from dsdoctor.config.check import check
 from dsdoctor.config.versions import resolve_versions
+from tests.helpers import DATA as HELPERS_DATA
 from tests.helpers import run_cli, write_model_config
 
-DATA = Path(__file__).parent / "data" / "configs"
+DATA = HELPERS_DATA / "configs"
 
 
 def codes(result):

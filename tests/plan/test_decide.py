@@ -193,7 +193,7 @@ def test_plan_takes_an_already_loaded_config(llama70):
     assert loaded.effective("deepspeed") is eff  # read once, shared
 
 
-# past max_position_embeddings is refused only for learned position tables (test_plan_paths.py)
+# past max_position_embeddings is refused only for learned position tables (plan/test_paths.py)
 @pytest.mark.parametrize("kw,match", [({"batch": 0}, "batch"), ({"dtype": "int4"}, "dtype")])
 def test_bad_workload_is_input_error(kw, match):
     args = dict(batch=1, prompt_len=512, new_tokens=16)

@@ -8,9 +8,10 @@ import pytest
 from dsdoctor.config.check import check
 from dsdoctor.config.load import load_config, parse_command
 from dsdoctor.config.runner import size_from_name
+from tests.helpers import DATA as HELPERS_DATA
 from tests.helpers import EXAMPLES, run_cli, write_model_config
 
-DATA = Path(__file__).parent / "data" / "configs"
+DATA = HELPERS_DATA / "configs"
 CORPUS = Path("/work/shared/corpus/ds_configs")
 
 
