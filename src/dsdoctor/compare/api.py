@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import inputs
-from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
 from dsdoctor.compare.prompts import default_prompts, load_prompts
@@ -409,8 +408,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
     found = []
     for r in runs:
         if not r.ok:
-            found.append(Finding(rules.PATH_FAILED.code, {"path": r.label, "error": r.error,
-                                                          "log": r.log or "shown above"}))
+            found.append(Finding("DSD504", {"path": r.label, "error": r.error, "log": r.log or "shown above"}))
     path_of = {r.label: r.path for r in runs}
     for p in pairs:
         base = {"ref": p.reference, "other": p.other, "total": total}
@@ -418,7 +416,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
         max_diff = max((d.max_logit_diff for d in p.diffs), default=0.0)
         if by_status["mismatch"]:
             d = by_status["mismatch"][0]
-            found.append(Finding(rules.OUTPUT_MISMATCH.code, dict(
+            found.append(Finding("DSD501", dict(
                 base, count=len(by_status["mismatch"]), prompt=d.prompt,
                 position="-" if d.first_divergence is None else d.first_divergence,
                 token_ref=_or_dash(d.token_ref), token_other=_or_dash(d.token_other),
@@ -426,19 +424,18 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
                 max_diff=_num(d.max_logit_diff), tol=_num(d.tolerance))))
         if by_status["near-tie"]:
             d = by_status["near-tie"][0]
-            found.append(Finding(rules.NEAR_TIE.code, dict(
+            found.append(Finding("DSD502", dict(
                 base, count=len(by_status["near-tie"]), prompt=d.prompt, position=d.first_divergence,
                 token_ref=d.token_ref, token_other=d.token_other, gap=_num(d.gap_other or 0), tol=_num(d.tolerance))))
         if by_status["drift"]:
             d = max(by_status["drift"], key=lambda x: x.max_logit_diff)
-            found.append(Finding(rules.LOGITS_DRIFT.code, dict(
+            found.append(Finding("DSD503", dict(
                 base, prompt=d.prompt, position=d.max_diff_position, max_diff=_num(d.max_logit_diff),
                 tol=_num(d.tolerance), times=f"{d.max_logit_diff / d.tolerance:.3g}" if d.tolerance else "-")))
         if path_of.get(p.other) == "tp" and path_of.get(p.reference) != "tp" and not p.identical:
             tol = max((d.tolerance for d in p.diffs), default=0.0)
-            found.append(Finding(rules.TP_NUMERICS.code, dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
-            found.append(Finding(rules.INIT_INFERENCE_DTYPE.code, dict(
-                base, dtype=dtype, torch_dtype=f"torch.{TORCH_DTYPES[dtype]}")))
+            found.append(Finding("DSD505", dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
+            found.append(Finding("DSD506", dict(base, dtype=dtype, torch_dtype=f"torch.{TORCH_DTYPES[dtype]}")))
     return sort_findings(found)
 
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dsdoctor.config import (
-    checks_configs,
-    rules,  # noqa: F401  (registers DSD1xx)
-)
+from dsdoctor.config import checks_configs
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.inference_config import InferenceSettings, read_inference_config
 from dsdoctor.config.load import LoadedConfig, load_config

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from dsdoctor.config import rules_configs  # noqa: F401  (registers DSD120-DSD131)
 from dsdoctor.config.effective import AUTO, Effective, _as_bool, _as_int
 from dsdoctor.config.gpu import bf16_supported, this_machine_gpu
 from dsdoctor.config.inference_config import InferenceSettings

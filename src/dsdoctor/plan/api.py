@@ -10,13 +10,11 @@ import dataclasses
 import json
 import os
 
-from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
-from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.emit import code_for_plan
 from dsdoctor.plan.extra_paths import extra_paths
@@ -259,7 +257,6 @@ def machine_findings(profile, machine) -> list[Finding]:
     """DSD221 when a profile given explicitly was measured on other hardware than this machine's."""
     if profile is None or machine is None:
         return []
-    from dsdoctor.calibrate import rules as _  # noqa: F401  (registers DSD22x)
     from dsdoctor.calibrate.profile import fingerprint, machine_description
 
     here = machine_description()
