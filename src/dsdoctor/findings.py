@@ -13,7 +13,7 @@ An entry of a ``rules.json``::
      "name": "kebab-name", "severity": "warning",
      "message": {"en": "... {value} ...", "zh": "... {value} ..."},
      "fix": {"en": "...", "zh": "..."},
-     "phrases": {"host": {"en": "host", "zh": "主机"}},              (optional)
+     "phrases": {"host": {"en": "host", "zh": "..."}},               (optional)
      "explanation": {"en": {"what": [lines], "why": [lines], "example": [lines], "instead": [lines]},
                      "zh": {...the same four sections...}}}
 
@@ -64,7 +64,7 @@ def _texts(code: str, what: str, value) -> dict[str, str]:
     return dict(value)
 
 
-def register(code: str, entry: dict) -> Rule:
+def add_rule(code: str, entry: dict) -> Rule:
     """The one way a rule comes to exist: an entry as a ``rules.json`` holds it (see the module docstring)."""
     known = {"name", "severity", "message", "fix", "phrases", "explanation"}
     if set(entry) - known or not {"name", "severity", "message", "fix", "explanation"} <= set(entry):
@@ -92,7 +92,7 @@ def rules_file(package: str) -> Path:
 def _load() -> None:
     for package in RULE_PACKAGES:
         for code, entry in json.loads(rules_file(package).read_text(encoding="utf-8")).items():
-            register(code, entry)
+            add_rule(code, entry)
 
 
 _load()

@@ -123,21 +123,17 @@ class CompareResult:
         rows = []
         for r in self.runs:
             if not r.ok:
-                verdict = ((style.error + " ") if style else "") + ("failed" if lang == "en" else "失败")
+                verdict = ((style.error + " ") if style else "") + pick(TEXT["failed"], lang)
             elif r.label not in pair_of:
-                verdict = "reference" if lang == "en" else "参考"
+                verdict = pick(TEXT["reference"], lang)
             else:
                 verdict = _verdict(pair_of[r.label], lang, style)
             secs = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
             rows.append((r.label, r.path, r.ranks, secs(r.load_seconds), secs(r.generate_seconds), verdict))
-        head = (("run", "load path", "ranks", "load s", "generate s", "result")
-                if lang == "en" else ("运行", "加载方式", "rank 数", "加载 秒", "生成 秒", "结果"))
-        return head, rows
+        return pick(TEXT["run head"], lang), rows
 
     def _prompt_rows(self, lang: str):
-        head = (("compared", "prompt", "status", "first divergence", "tokens", "top-2 margin", "max logit diff",
-                 "tolerance") if lang == "en" else
-                ("比较", "提示", "状态", "首个分叉位置", "token", "top-2 差", "最大 logit 差", "容差"))
+        head = pick(TEXT["prompt head"], lang)
         rows = []
         for p in self.pairs:
             for d in p.diffs:
@@ -158,27 +154,27 @@ class CompareResult:
             out.append(text_table(head, rows))
         for r in self.runs:
             if not r.ok and r.log_tail:
-                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                title = pick(TEXT["log tail"], lang).format(label=r.label)
                 out.append(title + (f" ({r.log})" if r.log else "") + "\n"
                            + "\n".join("    " + ln for ln in r.log_tail.splitlines()[-10:]) + "\n")
         out.append(findings_text(self.findings, lang, style))
         if self.out:
-            out.append(("report written to " if lang == "en" else "报告已写入 ") + self.out + "\n")
+            out.append(pick(TEXT["written"], lang) + self.out + "\n")
         return "\n".join(out)
 
     def to_markdown(self, lang: str = "en") -> str:
-        title = "# dsdoctor compare" if lang == "en" else "# dsdoctor compare 输出比较"
+        title = pick(TEXT["title markdown"], lang)
         header = self._header(lang).split("\n", 1)
         out = [title, "", f"`{header[0].split(': ', 1)[1]}`", "", header[1], ""]
         head, rows = self._run_rows(lang, None)
         out += [markdown_table(head, rows)]
         head, rows = self._prompt_rows(lang)
         if rows:
-            out += ["## " + ("Per prompt" if lang == "en" else "逐个提示"), "", markdown_table(head, rows)]
-        out += ["## " + ("Findings" if lang == "en" else "发现的问题"), "", findings_markdown(self.findings, lang)]
+            out += ["## " + pick(TEXT["per prompt"], lang), "", markdown_table(head, rows)]
+        out += ["## " + pick(TEXT["findings"], lang), "", findings_markdown(self.findings, lang)]
         for r in self.runs:
             if not r.ok and r.log_tail:
-                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                title = pick(TEXT["log tail"], lang).format(label=r.label)
                 out += [f"### {title}", "", "```", r.log_tail.rstrip(), "```", ""]
         return "\n".join(out)
 

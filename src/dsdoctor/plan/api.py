@@ -214,7 +214,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             chosen.ds_config if chosen.estimate else rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
             code)
     else:
-        recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
+        recommendation = Recommendation(None, dict(rec.WHY["none fits"]), None, None)
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl, figures, profile)
     findings += path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capability, ckpt)
