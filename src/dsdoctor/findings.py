@@ -2,10 +2,11 @@
 
 A ``Rule`` is the static part: code, name, severity, a one-line message and an imperative fix (both
 ``str.format`` templates over the finding's values), and a long explanation in four sections (What it does /
-Why is this bad? / Example / Use instead), each in English and Chinese. Rules are data: every package that
-reports findings keeps them in its ``rules.json`` (``config/rules.json`` holds DSD1xx, ...), loaded once when
-this module is imported, so ``dsdoctor explain CODE`` knows them all without importing torch. A ``Finding`` is
-one occurrence: the rule's code plus the concrete values that fill the templates.
+Why is this bad? / Example / Use instead), each in English and Chinese. Rules are data: each package keeps
+the rules its detectors report in its ``rules.json`` (``config/rules.json`` holds DSD1xx, ...), loaded once
+when this module is imported, so ``dsdoctor explain CODE`` knows them all without importing torch. A
+``Finding`` is one occurrence: the rule's code plus the concrete values that fill the templates.
+``docs/architecture.md`` says how to add one.
 
 An entry of a ``rules.json``::
 
@@ -71,7 +72,7 @@ def add_rule(code: str, entry: dict) -> Rule:
         raise ValueError(f"{code}: a rule has {sorted(known)} ('phrases' optional), not {sorted(entry)}")
     if entry["severity"] not in SEVERITIES:
         raise ValueError(f"{code}: severity {entry['severity']!r} is not one of {SEVERITIES}")
-    if code in RULES and RULES[code].name != entry["name"]:
+    if code in RULES:
         raise ValueError(f"duplicate finding code {code}")
     explanation = _texts(code, "explanation", entry["explanation"])
     for lang, sections in explanation.items():
