@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-from dsdoctor.findings import all_rules, explanation_sections
+from dsdoctor.findings import all_rules
 from dsdoctor.i18n import pick
 from dsdoctor.report.render import markdown_table
 
@@ -18,9 +18,9 @@ BEGIN, END = "<!-- codes:begin -->", "<!-- codes:end -->"
 FILES = {"README.md": "en", "README_zh.md": "zh"}
 
 
-def first_sentence(text: str) -> str:
+def first_sentence(sections: tuple[str, ...]) -> str:
     """The first sentence of the explanation's first section ("What it does")."""
-    for _, body in explanation_sections(text):
+    for body in sections:
         para = " ".join(body.split("\n\n")[0].split())
         if para:
             return re.split(r"(?<=[.。])\s*(?=[A-Z\u4e00-\u9fff`(])", para, maxsplit=1)[0]

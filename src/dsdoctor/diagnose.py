@@ -19,12 +19,15 @@ from pathlib import Path
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
-from dsdoctor.i18n import message_table, pick
+from dsdoctor.i18n import LANGS, fill, message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
 from dsdoctor.units import human_bytes
 
-STEP_TITLES = message_table("diagnose.STEP_TITLES")  # the texts live in dsdoctor/messages.json
-TEXT = message_table("diagnose.TEXT")  # the texts live in dsdoctor/messages.json
+# the texts live in dsdoctor/messages.json
+STEP_TITLES = message_table("diagnose.STEP_TITLES")
+TEXT = message_table("diagnose.TEXT")
+SUMMARY = message_table("diagnose.SUMMARY")  # what each step found, per situation
+SKIPPED = message_table("diagnose.SKIPPED")  # why a step was skipped
 
 
 def bundled_example() -> tuple[Path, Path]:
@@ -88,8 +91,7 @@ class DiagnoseResult:
         glyph = {"done": style.ok, "skipped": "-", "failed": style.error}
         lines = [self._inputs_line(lang)]
         if self.sources.get("config") == "bundled example":
-            lines.append("(the bundled example, not your setup: pass --config/--model, or your command after --)"
-                         if lang == "en" else "（这是内置示例，不是你的环境：请传入 --config/--model，或在 -- 之后给出你的命令）")
+            lines.append(pick(TEXT["bundled note"], lang))
         lines.append("")
         for s in self.steps:
             lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
@@ -122,12 +124,12 @@ class DiagnoseResult:
     def _source(self, key: str, lang: str) -> str:
         src = self.sources.get(key) or "given"
         if src == "bundled example":
-            return "bundled example" if lang == "en" else "内置示例"
+            return pick(TEXT["bundled"], lang)
         return src
 
     def _inputs_line(self, lang: str) -> str:
         cfg, model = self._source("config", lang), self._source("model", lang)
-        return pick(INPUTS_LINE, lang).format(config=self.config, cfg=cfg, model=self.model, model_src=model)
+        return pick(TEXT["inputs"], lang).format(config=self.config, cfg=cfg, model=self.model, model_src=model)
 
     def _inputs_markdown(self, lang: str) -> str:
         rows = [("config", self.config, self._source("config", lang)),
@@ -136,21 +138,8 @@ class DiagnoseResult:
             rows.append(("workload", self.sources["workload"], ""))
         out = "".join(f"- {k}: `{v}`" + (f" ({src})" if src else "") + "\n" for k, v, src in rows)
         if self.sources.get("config") == "bundled example":
-            note = ("This report is about the **bundled example** (a ZeRO-3 offload training config and a 7B "
-                    "Llama-shaped model), not about your setup: pass `--config`/`--model`, or your command after `--`."
-                    if lang == "en" else
-                    "本报告针对的是**内置示例**（一个 ZeRO-3 offload 训练配置和一个 7B Llama 形状的模型），不是你的"
-                    "环境：请传入 `--config`/`--model`，或在 `--` 之后给出你的命令。")
-            out += f"\n{note}\n"
+            out += f"\n{pick(TEXT['bundled note markdown'], lang)}\n"
         return out
-
-
-INPUTS_LINE = {"en": "config: {config} ({cfg}); model: {model} ({model_src})",
-               "zh": "配置：{config}（{cfg}）；模型：{model}（{model_src}）"}
-
-
-def _t(en: str, zh: str) -> dict[str, str]:
-    return {"en": en, "zh": zh}
 
 
 def _shell(args) -> str:
@@ -171,12 +160,8 @@ def _step_effective(config, model, gpus, lang) -> tuple[Step, object]:
     result = check(config, mode="inference", model=model, gpus=gpus)
     eff = result.effective
     stage, op, oo = eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device
-    summary = _t(
-        f"ZeRO stage {stage}, offload_param {op}, offload_optimizer {oo}, optimizer "
-        f"{eff.optimizer_type or 'none'}: {len(result.findings)} finding(s) from the config alone.",
-        f"ZeRO 阶段 {stage}，offload_param {op}，offload_optimizer {oo}，优化器 "
-        f"{eff.optimizer_type or '无'}：仅从配置就发现 {len(result.findings)} 个问题。",
-    )
+    summary = fill(SUMMARY["effective"], stage=stage, op=op, oo=oo, optimizer=eff.optimizer_type or TEXT["none"],
+                   n=len(result.findings))
     step = Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
                 data=result.to_dict(lang).get("effective", {}))
     return step, result
@@ -201,15 +186,11 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
     chosen = result.path(rec.path) if rec.path else None
     needs_zero3 = bool(rec.path and rec.path.startswith("zero3"))
     if chosen is None:
-        summary = _t(f"No load path fits this workload. {why}", f"没有任何加载方式能容纳该负载。{why}")
+        summary = fill(SUMMARY["no path fits"], why=why)
     else:
         peak = human_bytes(chosen.gpu_peak_bytes)
-        summary = _t(
-            f"{'Yes' if needs_zero3 else 'No'}: the fastest path that fits is `{rec.path}` "
-            f"(predicted peak {peak} per GPU, {chosen.tokens_per_s:.1f} tokens/s per rank). {why}",
-            f"{'需要' if needs_zero3 else '不需要'}：能装下的最快方式是 `{rec.path}`"
-            f"（预测每卡峰值 {peak}，每个 rank {chosen.tokens_per_s:.1f} tokens/s）。{why}",
-        )
+        summary = fill(SUMMARY["fastest path"], answer=TEXT["yes" if needs_zero3 else "no"], path=rec.path,
+                       peak=peak, tps=f"{chosen.tokens_per_s:.1f}", why=why)
     step = Step("need-zero3", "done", summary, list(result.findings), result.to_markdown(lang),
                 data={"recommended": rec.to_dict(lang), "needs_zero3": needs_zero3}, artifacts=artifacts)
     return step, result
@@ -221,15 +202,7 @@ def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
     result = split(config, tmp / "ds_inference.json", model=model)
     n = len(result.changes)
     final = out / "ds_inference.json"
-    summary = _t(
-        f"Wrote `{final}`: {n} change(s) from the training config (optimizer side dropped, stage and "
-        f"offload_param kept, \"auto\" resolved). Use it with `deepspeed.initialize` for ZeRO-3 inference.",
-        f"已写出 `{final}`：相对训练配置改动 {n} 处（去掉优化器相关项，保留 stage 与 offload_param，"
-        f"解析所有 \"auto\"）。ZeRO-3 推理时把它传给 `deepspeed.initialize`。",
-    )
-    if n == 0:
-        summary = _t(f"Wrote `{final}`: the config is already inference-only (nothing to drop or resolve).",
-                     f"已写出 `{final}`：该配置已经是仅推理配置（没有需要去掉或解析的项）。")
+    summary = fill(SUMMARY["split" if n else "split nothing"], final=final, n=n)
     details = result.to_markdown(lang)
     return Step("split", "done", summary, list(result.findings), details,
                 data={"changes": n, "config": result.config}, artifacts=["ds_inference.json"])
@@ -249,8 +222,7 @@ def _step_trace(command, tmp: Path, timeout, lang, out: Path | None = None) -> t
         f"peak GPU {human_bytes(r.peak_gpu_bytes)}, peak host {human_bytes(r.peak_host_bytes)}"
         for r in result.ranks[:4]
     ) or "no rank reported"
-    summary = _t(f"Traced `{_shell(command)}` (status {result.status}): {seen}.",
-                 f"跟踪了 `{_shell(command)}`（状态 {result.status}）：{seen}。")
+    summary = fill(SUMMARY["trace"], command=_shell(command), status=result.status, seen=seen)
     artifacts = sorted(str(p.relative_to(tmp)) for p in (tmp / "trace").glob("*.png"))
     return Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
                 data={"trace": result.to_dict(lang)}, artifacts=artifacts), result
@@ -261,8 +233,8 @@ def _step_ab(command, tmp: Path, timeout, lang) -> Step:
 
     result = ab(command, out=tmp / "ab", timeout=timeout)
     n, diag = len(result.variants), result.diagnosis
-    summary = _t(f"A/B over {n} variants: {diag.message('en') if diag else 'no diagnosis'}",
-                 f"对 {n} 个变体做了 A/B：{diag.message('zh') if diag else '无结论'}")
+    summary = fill(SUMMARY["ab"], n=n, diagnosis={x: diag.message(x) for x in LANGS} if diag
+                   else TEXT["no diagnosis"])
     return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang),
                 data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else [])
 
@@ -272,11 +244,7 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
     model_arg = shlex.quote(str(model))
     if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
         # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
-        return Step("exit", "done", _t(
-            "Keep the plain load: the traced run does not use ZeRO-3 (stage "
-            f"{traced_stage}), and `plain` is the fastest path that fits this model and workload.",
-            f"保持普通加载：跟踪的运行没有使用 ZeRO-3（stage {traced_stage}），而 `plain` 是能容纳该模型和负载的最快方式。"),
-            data={"path": path, "merged": None})
+        return Step("exit", "done", fill(SUMMARY["keep plain"], stage=traced_stage), data={"path": path, "merged": None})
     infer_cfg = shlex.quote(str(out / "ds_inference.json"))
     n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     compare_cmd = f"dsdoctor compare MERGED_DIR --paths plain,{'tp' if path == 'tp' else 'zero3'} --gpus {max(n, 2)}"
@@ -286,46 +254,23 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
         cmds = [] if merged else [f"dsdoctor merge {ckpt} {merged_dir} --dtype bf16 --model {model_arg}"]
         cmds += [f"dsdoctor verify {merged_dir} --model {model_arg}",
                  compare_cmd.replace("MERGED_DIR", merged_dir)]
-        summary = _t(
-            "Leave ZeRO-3: consolidate the shards into ordinary weights, verify them against the model, then load "
-            "with `AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map=\"cuda\")` "
-            "(one replica per GPU for data parallel). Confirm the tokens match with compare.",
-            "退出 ZeRO-3：把分片合并为普通权重，对照模型校验，然后用 "
-            "`AutoModelForCausalLM.from_pretrained(dir, dtype=torch.bfloat16, device_map=\"cuda\")` 加载"
-            "（数据并行时每卡一份）。最后用 compare 确认生成的 token 一致。",
-        )
+        summary = fill(SUMMARY["leave zero3"])
         if merged:
-            summary["en"] += f" Merged: {merged.get('summary', '')}"
-            summary["zh"] += f" 已合并：{merged.get('summary', '')}"
+            more = fill(SUMMARY["merged"], summary=merged.get("summary", ""))
+            summary = {lang: text + more[lang] for lang, text in summary.items()}
     elif path == "tp":
         cmds = [f"dsdoctor merge CKPT_DIR MERGED_DIR --dtype bf16 --model {model_arg}",
                 f"deepspeed --num_gpus {n} your_infer.py   # init_inference(tensor_parallel={{'tp_size': {n}}}, "
                 f"dtype=torch.bfloat16), no zero_optimization", compare_cmd]
-        summary = _t(
-            f"Use tensor parallelism over {n} GPUs with `deepspeed.init_inference(model, "
-            f"tensor_parallel={{\"tp_size\": {n}}}, dtype=torch.bfloat16)` on merged weights, and no ZeRO-3: "
-            "tensor parallel xor ZeRO-3, never both. Pass dtype explicitly (init_inference defaults to fp16).",
-            f"在 {n} 张卡上用张量并行：对合并后的权重调用 `deepspeed.init_inference(model, "
-            f"tensor_parallel={{\"tp_size\": {n}}}, dtype=torch.bfloat16)`，不要再开 ZeRO-3（二者只选其一）。"
-            "务必显式传 dtype（init_inference 默认 fp16）。",
-        )
+        summary = fill(SUMMARY["tp"], n=n)
     else:
         cmds = [f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {infer_cfg}", compare_cmd]
-        summary = _t(
-            f"Keep ZeRO-3 ({path}) with the split inference config `{out / 'ds_inference.json'}` in "
-            "`deepspeed.initialize(model=model, config=...)`; no optimizer is built. With several ranks call "
-            "`generate(..., synced_gpus=True)` or ranks that stop at different lengths hang.",
-            f"保留 ZeRO-3（{path}），在 `deepspeed.initialize(model=model, config=...)` 中使用拆分后的推理配置 "
-            f"`{out / 'ds_inference.json'}`，不会再构建优化器。多 rank 时调用 "
-            "`generate(..., synced_gpus=True)`，否则生成长度不同的 rank 会卡死。",
-        )
+        config = fill(SUMMARY["split config"], file=out / "ds_inference.json")
         if not split_written:  # no ZeRO config was given or captured: nothing was split
             cmds[0] = f"deepspeed --num_gpus {n} your_infer.py   # config: {{\"zero_optimization\": {{\"stage\": 3}}, " \
                       "\"train_micro_batch_size_per_gpu\": 1}"
-            summary = {k: v.replace(f"the split inference config `{out / 'ds_inference.json'}`",
-                                    "an inference config (stage 3, no optimizer)")
-                       .replace(f"拆分后的推理配置 `{out / 'ds_inference.json'}`", "推理配置（stage 3，无优化器）")
-                       for k, v in summary.items()}
+            config = SUMMARY["any config"]
+        summary = fill(SUMMARY["keep zero3"], path=path, config=config)
     return Step("exit", "done", summary, commands=cmds, data={"path": path, "merged": merged})
 
 
@@ -443,23 +388,18 @@ def _workload_value(given, captured: dict | None, key: str) -> tuple[int, str]:
     return DEFAULT_WORKLOAD[key], "default"
 
 
-def _skipped(key: str, en: str, zh: str, commands: list[str] | None = None) -> Step:
-    return Step(key, "skipped", _t(f"Skipped: {en}.", f"已跳过：{zh}。"), commands=commands or [])
+def _skipped(key: str, why: dict[str, str], commands: list[str] | None = None) -> Step:
+    return Step(key, "skipped", fill(SUMMARY["skipped"], why=why), commands=commands or [])
 
 
-def _no_config_reason(captured: Captured | None) -> tuple[str, str]:
+def _no_config_reason(captured: Captured | None) -> dict[str, str]:
     if captured is not None and captured.init_inference is not None:
-        tp = captured.init_inference.get("tp_size") or 1
-        return (f"the run passes its config to deepspeed.init_inference (tensor parallel size {tp}), an inference "
-                "config that neither the config doctor nor split applies to",
-                f"该运行把配置交给 deepspeed.init_inference（张量并行 {tp}），这是推理配置，配置检查和 split 都不适用")
+        return fill(SKIPPED["init_inference"], tp=captured.init_inference.get("tp_size") or 1)
     if captured is not None and captured.unreadable:
-        return (f"the config the run passed cannot be read ({captured.unreadable})",
-                f"无法读取该运行传入的配置（{captured.unreadable}）")
+        return fill(SKIPPED["unreadable config"], problem=captured.unreadable)
     if captured is not None:
-        return ("the run passed no config to deepspeed.initialize or HfDeepSpeedConfig; pass --config to check one",
-                "该运行没有把配置交给 deepspeed.initialize 或 HfDeepSpeedConfig；可用 --config 指定要检查的配置")
-    return ("no config", "没有配置")
+        return SKIPPED["no config passed"]
+    return SKIPPED["no config"]
 
 
 def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,
@@ -516,7 +456,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                 else:
                     sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
         if config is None:
-            sources["config"] = _no_config_reason(captured)[0]
+            sources["config"] = _no_config_reason(captured)["en"]
         sources.setdefault("config", "given")
         sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
         wl = _workload(batch, prompt_len, new_tokens, captured.workload if captured else None,
@@ -531,8 +471,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         if config_is_zero:
             step, _ = _step_effective(loaded, model, gpus, lang)
         else:
-            en, zh = _no_config_reason(captured)
-            step = _skipped("effective", en, zh)
+            step = _skipped("effective", _no_config_reason(captured))
         steps.append(step)
         if trace_step is not None:
             steps.append(trace_step)
@@ -544,28 +483,21 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             except InputError as exc:
                 if sources["model"] == "given":
                     raise
-                plan_step = _skipped("need-zero3", f"plan failed for the model the run built ({exc.problem})",
-                                     f"plan 无法为该运行构建的模型做规划（{exc.problem}）")
+                plan_step = _skipped("need-zero3", fill(SKIPPED["plan failed"], problem=exc.problem))
         elif captured is not None and captured.model_dir is not None:  # captured, but not a model plan can take
-            plan_step = _skipped("need-zero3", f"the run's model is {sources['model']}",
-                                 f"该运行的模型：{sources['model']}")
+            plan_step = _skipped("need-zero3", fill(SKIPPED["run's model"], model=sources["model"]))
         else:
-            plan_step = _skipped("need-zero3", "the run built no model dsdoctor could read (pass --model)",
-                                 "该运行没有构建可读取的模型（请传入 --model）")
+            plan_step = _skipped("need-zero3", SKIPPED["no model"])
         steps.append(plan_step)
         if config_is_zero:
             steps.append(_step_split(loaded, model, tmp, out, lang))
         else:
-            en, zh = _no_config_reason(captured)
-            steps.append(_skipped("split", en, zh))
+            steps.append(_skipped("split", _no_config_reason(captured)))
         if command and _cuda_available():
             steps.append(_step_ab(command, tmp, timeout, lang))
         else:
-            why = _t("no command given (pass `-- python infer.py ...`)", "未给出命令（用 `-- python infer.py ...` 传入）") \
-                if not command else _t("no GPU here: the A/B of GPU peaks needs one", "本机没有 GPU：A/B 显存峰值对比需要 GPU")
             run = f"dsdoctor ab --out ab -- {_shell(command) if command else 'python your_infer.py'}"
-            steps.append(Step("ab", "skipped", _t(f"Skipped: {why['en']}.", f"已跳过：{why['zh']}。"),
-                              commands=[run]))
+            steps.append(_skipped("ab", SKIPPED["no gpu" if command else "no command"], commands=[run]))
         path = plan_result.recommended.path if plan_result is not None else None
         shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
             model == captured.model_dir else model
@@ -577,7 +509,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
                                    split_written=config_is_zero, traced_stage=captured.stage if captured else None)
             exit_step.findings += merge_findings
         else:
-            exit_step = _skipped("exit", "the way out needs the plan of step 2", "解决方案需要第 2 步的 plan")
+            exit_step = _skipped("exit", SKIPPED["no plan"])
         steps.append(exit_step)
         shown_config = config if not isinstance(config, dict) else out / "ds_config_captured.json"
         result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",

@@ -1,37 +1,44 @@
 """One anatomy for every finding dsdoctor reports, from every command.
 
-A ``Rule`` is the static part (code, name, severity, message and fix templates, long explanation, each in
-English and Chinese). A ``Finding`` is one occurrence: the rule's code plus the concrete values that fill
-the templates. Rules live in small ``rules.py`` modules next to the code that detects them and register
-themselves here, so ``dsdoctor explain CODE`` knows them all without importing torch.
+A ``Rule`` is the static part: code, name, severity, a one-line message and an imperative fix (both
+``str.format`` templates over the finding's values), and a long explanation in four sections (What it does /
+Why is this bad? / Example / Use instead), each in English and Chinese. Rules are data: each package keeps
+the rules its detectors report in its ``rules.json`` (``config/rules.json`` holds DSD1xx, ...), loaded once
+when this module is imported, so ``dsdoctor explain CODE`` knows them all without importing torch. A
+``Finding`` is one occurrence: the rule's code plus the concrete values that fill the templates.
+``docs/architecture.md`` says how to add one.
 
-Writing a rule::
+An entry of a ``rules.json``::
 
-    rule("DSD1xx", "kebab-name", "warning",
-         message={"en": "... {value} ...", "zh": "... {value} ..."},
-         fix={"en": "...", "zh": "..."},
-         explanation=explanation(en=(what, why, example, instead), zh=(what, why, example, instead)),
-         phrases={"host": {"en": "host", "zh": "主机"}})  # optional
+    "DSD1xx": {
+     "name": "kebab-name", "severity": "warning",
+     "message": {"en": "... {value} ...", "zh": "... {value} ..."},
+     "fix": {"en": "...", "zh": "..."},
+     "phrases": {"host": {"en": "host", "zh": "..."}},               (optional)
+     "explanation": {"en": {"what": [lines], "why": [lines], "example": [lines], "instead": [lines]},
+                     "zh": {...the same four sections...}}}
 
 Finding values carry no language: numbers, names, sizes, or a ``Phrase`` (a key into the rule's ``phrases``
 table plus the values that fill it) where the wording differs by language.
 """
 from __future__ import annotations
 
-import importlib
+import json
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dsdoctor.errors import InputError, one_line
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import LANGS, message_table, pick
 
 SEVERITIES = ("info", "warning", "error")  # ascending
-# the four sections of every explanation, in this order (ruff's rule docs)
-SECTION_HEADINGS = {
-    "en": ("What it does", "Why is this bad?", "Example", "Use instead"),
-    "zh": ("作用", "为什么有问题？", "示例", "应改为"),
-}
+# the four sections of every explanation, in this order (ruff's rule docs); headings in messages.json
+SECTIONS = ("what", "why", "example", "instead")
+SECTION_HEADINGS = message_table("findings.SECTION_HEADINGS")
+# the packages that keep rules (in their rules.json): each holds the rules its detectors report
+RULE_PACKAGES = ("config", "plan", "trace", "checkpoint", "compare")
+_HERE = Path(__file__).parent
 
 
 def severity_rank(severity: str) -> int:
@@ -45,23 +52,55 @@ class Rule:
     severity: str  # error: crash, OOM or wrong output; warning: waste; info: advice
     message: dict[str, str]  # one line, str.format template over the finding's values
     fix: dict[str, str]  # imperative, str.format template
-    explanation: dict[str, str]  # What it does / Why is this bad? / Example / Use instead
+    explanation: dict[str, tuple[str, ...]]  # per language: the bodies of SECTIONS, in order
     phrases: dict[str, dict[str, str]] = field(default_factory=dict)  # Phrase key -> {"en", "zh"} template
 
-    def __post_init__(self):
-        assert self.severity in SEVERITIES, self.severity
-        for part in (self.message, self.fix, self.explanation, *self.phrases.values()):
-            assert set(part) == {"en", "zh"}, (self.code, part.keys())
+
+RULES: dict[str, Rule] = {}
 
 
-def explanation(*, en: tuple[str, str, str, str], zh: tuple[str, str, str, str]) -> dict[str, str]:
-    """The one explanation builder: (what it does, why is this bad, example, use instead) per language,
-    rendered as Markdown sections under the same headings for every rule."""
-    out = {}
-    for lang, parts in (("en", en), ("zh", zh)):
-        assert len(parts) == 4, parts
-        out[lang] = "\n\n".join(f"## {head}\n{body.strip()}" for head, body in zip(SECTION_HEADINGS[lang], parts)) + "\n"
-    return out
+def _texts(code: str, what: str, value) -> dict[str, str]:
+    if not isinstance(value, dict) or set(value) != set(LANGS):
+        raise ValueError(f"{code}: {what} needs exactly the languages {LANGS}")
+    return dict(value)
+
+
+def add_rule(code: str, entry: dict) -> Rule:
+    """The one way a rule comes to exist: an entry as a ``rules.json`` holds it (see the module docstring)."""
+    known = {"name", "severity", "message", "fix", "phrases", "explanation"}
+    if set(entry) - known or not {"name", "severity", "message", "fix", "explanation"} <= set(entry):
+        raise ValueError(f"{code}: a rule has {sorted(known)} ('phrases' optional), not {sorted(entry)}")
+    if entry["severity"] not in SEVERITIES:
+        raise ValueError(f"{code}: severity {entry['severity']!r} is not one of {SEVERITIES}")
+    if code in RULES:
+        raise ValueError(f"duplicate finding code {code}")
+    explanation = _texts(code, "explanation", entry["explanation"])
+    for lang, sections in explanation.items():
+        if not isinstance(sections, dict) or tuple(sections) != SECTIONS:
+            raise ValueError(f"{code}: the {lang} explanation needs the sections {SECTIONS}, in that order")
+        explanation[lang] = tuple("\n".join(sections[k]) for k in SECTIONS)
+    r = Rule(code, entry["name"], entry["severity"], _texts(code, "message", entry["message"]),
+             _texts(code, "fix", entry["fix"]), explanation,
+             {k: _texts(code, f"phrase {k!r}", v) for k, v in entry.get("phrases", {}).items()})
+    RULES[code] = r
+    return r
+
+
+def rules_file(package: str) -> Path:
+    return _HERE / package / "rules.json"
+
+
+def _load() -> None:
+    for package in RULE_PACKAGES:
+        for code, entry in json.loads(rules_file(package).read_text(encoding="utf-8")).items():
+            add_rule(code, entry)
+
+
+_load()
+
+
+def all_rules() -> dict[str, Rule]:
+    return dict(sorted(RULES.items()))
 
 
 @dataclass
@@ -71,36 +110,12 @@ class Phrase:
     key: str
     values: dict[str, Any] = field(default_factory=dict)
 
-
-RULES: dict[str, Rule] = {}
-
-# Modules whose import registers rules. Torch-free by contract.
-RULE_MODULES = (
-    "dsdoctor.config.rules",
-    "dsdoctor.config.rules_configs",
-    "dsdoctor.plan.rules",
-    "dsdoctor.trace.rules",
-    "dsdoctor.trace.rules_init",
-    "dsdoctor.checkpoint.rules",
-    "dsdoctor.compare.rules",
-    "dsdoctor.calibrate.rules",
-)
-
-
-def rule(code: str, name: str, severity: str, *, message: dict, fix: dict, explanation: dict,
-         phrases: dict | None = None) -> Rule:
-    """Define and register a rule (called at import time of a rules module)."""
-    if code in RULES and RULES[code].name != name:
-        raise ValueError(f"duplicate finding code {code}")
-    r = Rule(code, name, severity, message, fix, explanation, dict(phrases or {}))
-    RULES[code] = r
-    return r
-
-
-def all_rules() -> dict[str, Rule]:
-    for module in RULE_MODULES:
-        importlib.import_module(module)
-    return dict(sorted(RULES.items()))
+    @staticmethod
+    def join(key: str, items: list) -> Any:
+        """``items`` joined by the rule's two-place phrase ``key`` (``{a}; {b}``): "" for none, the item for one."""
+        if not items:
+            return ""
+        return items[0] if len(items) == 1 else Phrase(key, {"a": items[0], "b": Phrase.join(key, items[1:])})
 
 
 class _Values(dict):
@@ -118,8 +133,6 @@ class Finding:
 
     @property
     def rule(self) -> Rule:
-        if self.code not in RULES:
-            all_rules()
         return RULES[self.code]
 
     @property
@@ -176,19 +189,6 @@ def exit_code(findings: list[Finding], fail_on: str = "error") -> int:
     return 1 if any(severity_rank(f.effective_severity) >= threshold for f in findings) else 0
 
 
-def explanation_sections(text: str) -> list[tuple[str, str]]:
-    """Split an explanation (as ``explanation()`` writes it) into (heading, body) pairs."""
-    sections: list[tuple[str, list[str]]] = []
-    for line in text.strip("\n").splitlines():
-        if line.startswith("## "):
-            sections.append((line[3:].strip(), []))
-        elif sections:
-            sections[-1][1].append(line)
-        else:
-            sections.append(("", [line]))
-    return [(h, "\n".join(body).strip()) for h, body in sections]
-
-
 def explain(code: str, lang: str = "en") -> str:
     """The long explanation of a finding code (``dsdoctor explain DSD101``); also accepts the rule name."""
     rules = all_rules()
@@ -199,9 +199,8 @@ def explain(code: str, lang: str = "en") -> str:
         raise InputError(f"unknown finding code {code!r}", hint=f"known codes: {known}")
     head = f"{r.code} {r.name} ({r.severity})"
     parts = [head, "=" * len(head), ""]
-    for heading, body in explanation_sections(pick(r.explanation, lang)):
-        if heading:
-            width = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in heading)
-            parts += [heading, "-" * width]
-        parts += [body, ""]
+    for section, body in zip(SECTIONS, pick(r.explanation, lang)):
+        heading = pick(SECTION_HEADINGS[section], lang)
+        width = sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in heading)
+        parts += [heading, "-" * width, body, ""]
     return "\n".join(parts)

@@ -1,7 +1,16 @@
-"""Language choice: English and Chinese. Default from the locale (LC_ALL, LC_MESSAGES, LANG)."""
+"""UI text: the language (English or Chinese, default from the locale) and the one store of texts.
+
+Every text a user reads exists in both languages and lives in data, never in code: the words of commands'
+outputs in ``messages.json`` (tables named after the module that reads them, ``{key: {"en": ..., "zh": ...}}``,
+loaded once), the findings' rules in each package's ``rules.json`` (read by ``dsdoctor.findings``). Code looks a
+text up by key and fills its ``{placeholders}``; ``tests/test_text.py`` holds every entry to both languages and
+the same placeholders.
+"""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 LANGS = ("en", "zh")
 
@@ -21,6 +30,12 @@ def pick(texts: dict[str, str] | str, lang: str) -> str:
     return texts.get(lang) or texts["en"]
 
 
+def fill(texts: dict[str, str], **values) -> dict[str, str]:
+    """``texts`` in every language with its placeholders filled; a ``{lang: text}`` value fills per language."""
+    return {lang: texts[lang].format(**{k: v[lang] if isinstance(v, dict) else v for k, v in values.items()})
+            for lang in LANGS}
+
+
 _MESSAGES: dict | None = None
 
 
@@ -28,8 +43,5 @@ def message_table(name: str) -> dict[str, dict[str, str]]:
     """One module's table of UI texts ({key: {"en": ..., "zh": ...}}) from messages.json (data, not code)."""
     global _MESSAGES
     if _MESSAGES is None:
-        import json
-        from pathlib import Path
-
-        _MESSAGES = json.loads((Path(__file__).with_name("messages.json")).read_text(encoding="utf-8"))
+        _MESSAGES = json.loads(Path(__file__).with_name("messages.json").read_text(encoding="utf-8"))
     return _MESSAGES[name]

@@ -67,7 +67,7 @@ def test_bad_inputs_are_one_line_exit_2(tmp_path):
 def test_explain_knows_plan_codes_without_torch():
     r = run_cli("explain", "DSD201", "--lang", "zh")
     assert r.returncode == 0 and "ZeRO-3" in r.stdout and "应改为" in r.stdout
-    code = ("import sys, dsdoctor.plan.rules, dsdoctor.cli.plan; "
+    code = ("import sys, dsdoctor.findings, dsdoctor.cli.plan; "
             "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     import subprocess
     import sys

@@ -323,7 +323,7 @@ def test_optimizer_state_bytes_counts_each_buffer_once():
 def test_help_and_rules_never_import_torch():
     import subprocess
 
-    code = ("import sys; from dsdoctor.cli.main import build_parser; build_parser(); import dsdoctor.trace.rules, "
+    code = ("import sys; from dsdoctor.cli.main import build_parser; build_parser(); import dsdoctor.findings, "
             "dsdoctor.trace.variants, dsdoctor.trace.report, dsdoctor.trace.diagnose_ab; "
             "sys.exit(1 if {'torch', 'deepspeed', 'transformers'} & set(sys.modules) else 0)")
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)

@@ -26,19 +26,12 @@ from dsdoctor.calibrate.profile import (
     save_profile,
 )
 from dsdoctor.errors import InputError
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.units import human_bytes
 
 BUDGET_S = 60.0
 
-# the words of the rendered calibration, per language
-TEXT = {
-    "head": {"en": "machine {fingerprint}: {gpus} x {gpu}, {cpu}; calibrated on {when} in {seconds} s\n",
-             "zh": "机器 {fingerprint}：{gpus} x {gpu}，{cpu}；校准于 {when}，用时 {seconds} 秒\n"},
-    "no gpu": {"en": "no GPU", "zh": "无 GPU"},
-    "cols": {"en": ("figure", "value", "what"), "zh": ("指标", "数值", "含义")},
-    "wrote": {"en": "wrote ", "zh": "已写入 "},
-}
+TEXT = message_table("calibrate.api.TEXT")  # the words of the rendered calibration
 
 
 def _version(name):

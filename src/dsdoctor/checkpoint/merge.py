@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsdoctor.checkpoint import rules  # noqa: F401  (registers DSD4xx)
 from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import build_plan, read_states
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all

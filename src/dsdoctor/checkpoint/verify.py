@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsdoctor.checkpoint import rules  # noqa: F401  (registers DSD4xx)
 from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.errors import InputError

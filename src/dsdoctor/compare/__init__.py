@@ -2,5 +2,5 @@
 
 Data flow: prompts (``prompts.py``) -> one ``PathRun`` per load path, recorded by the worker
 (``runner.py``) in-process or in launched ranks (``launch.py``) -> per-prompt ``PromptDiff`` against the
-reference (``diff.py``) -> ``CompareResult`` with findings (``api.py``, ``rules.py``).
+reference (``diff.py``) -> ``CompareResult`` with findings (``api.py``, ``rules.json``).
 """

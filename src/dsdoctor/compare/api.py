@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import inputs
-from dsdoctor.compare import rules
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
 from dsdoctor.compare.prompts import default_prompts, load_prompts
@@ -124,21 +123,17 @@ class CompareResult:
         rows = []
         for r in self.runs:
             if not r.ok:
-                verdict = ((style.error + " ") if style else "") + ("failed" if lang == "en" else "失败")
+                verdict = ((style.error + " ") if style else "") + pick(TEXT["failed"], lang)
             elif r.label not in pair_of:
-                verdict = "reference" if lang == "en" else "参考"
+                verdict = pick(TEXT["reference"], lang)
             else:
                 verdict = _verdict(pair_of[r.label], lang, style)
             secs = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
             rows.append((r.label, r.path, r.ranks, secs(r.load_seconds), secs(r.generate_seconds), verdict))
-        head = (("run", "load path", "ranks", "load s", "generate s", "result")
-                if lang == "en" else ("运行", "加载方式", "rank 数", "加载 秒", "生成 秒", "结果"))
-        return head, rows
+        return pick(TEXT["run head"], lang), rows
 
     def _prompt_rows(self, lang: str):
-        head = (("compared", "prompt", "status", "first divergence", "tokens", "top-2 margin", "max logit diff",
-                 "tolerance") if lang == "en" else
-                ("比较", "提示", "状态", "首个分叉位置", "token", "top-2 差", "最大 logit 差", "容差"))
+        head = pick(TEXT["prompt head"], lang)
         rows = []
         for p in self.pairs:
             for d in p.diffs:
@@ -159,27 +154,27 @@ class CompareResult:
             out.append(text_table(head, rows))
         for r in self.runs:
             if not r.ok and r.log_tail:
-                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                title = pick(TEXT["log tail"], lang).format(label=r.label)
                 out.append(title + (f" ({r.log})" if r.log else "") + "\n"
                            + "\n".join("    " + ln for ln in r.log_tail.splitlines()[-10:]) + "\n")
         out.append(findings_text(self.findings, lang, style))
         if self.out:
-            out.append(("report written to " if lang == "en" else "报告已写入 ") + self.out + "\n")
+            out.append(pick(TEXT["written"], lang) + self.out + "\n")
         return "\n".join(out)
 
     def to_markdown(self, lang: str = "en") -> str:
-        title = "# dsdoctor compare" if lang == "en" else "# dsdoctor compare 输出比较"
+        title = pick(TEXT["title markdown"], lang)
         header = self._header(lang).split("\n", 1)
         out = [title, "", f"`{header[0].split(': ', 1)[1]}`", "", header[1], ""]
         head, rows = self._run_rows(lang, None)
         out += [markdown_table(head, rows)]
         head, rows = self._prompt_rows(lang)
         if rows:
-            out += ["## " + ("Per prompt" if lang == "en" else "逐个提示"), "", markdown_table(head, rows)]
-        out += ["## " + ("Findings" if lang == "en" else "发现的问题"), "", findings_markdown(self.findings, lang)]
+            out += ["## " + pick(TEXT["per prompt"], lang), "", markdown_table(head, rows)]
+        out += ["## " + pick(TEXT["findings"], lang), "", findings_markdown(self.findings, lang)]
         for r in self.runs:
             if not r.ok and r.log_tail:
-                title = f"{r.label}: last lines of the worker log" if lang == "en" else f"{r.label}：工作进程日志末尾"
+                title = pick(TEXT["log tail"], lang).format(label=r.label)
                 out += [f"### {title}", "", "```", r.log_tail.rstrip(), "```", ""]
         return "\n".join(out)
 
@@ -409,8 +404,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
     found = []
     for r in runs:
         if not r.ok:
-            found.append(Finding(rules.PATH_FAILED.code, {"path": r.label, "error": r.error,
-                                                          "log": r.log or "shown above"}))
+            found.append(Finding("DSD504", {"path": r.label, "error": r.error, "log": r.log or "shown above"}))
     path_of = {r.label: r.path for r in runs}
     for p in pairs:
         base = {"ref": p.reference, "other": p.other, "total": total}
@@ -418,7 +412,7 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
         max_diff = max((d.max_logit_diff for d in p.diffs), default=0.0)
         if by_status["mismatch"]:
             d = by_status["mismatch"][0]
-            found.append(Finding(rules.OUTPUT_MISMATCH.code, dict(
+            found.append(Finding("DSD501", dict(
                 base, count=len(by_status["mismatch"]), prompt=d.prompt,
                 position="-" if d.first_divergence is None else d.first_divergence,
                 token_ref=_or_dash(d.token_ref), token_other=_or_dash(d.token_other),
@@ -426,19 +420,18 @@ def _findings(runs: list[PathRun], pairs: list[PairResult], dtype: str, ranks: i
                 max_diff=_num(d.max_logit_diff), tol=_num(d.tolerance))))
         if by_status["near-tie"]:
             d = by_status["near-tie"][0]
-            found.append(Finding(rules.NEAR_TIE.code, dict(
+            found.append(Finding("DSD502", dict(
                 base, count=len(by_status["near-tie"]), prompt=d.prompt, position=d.first_divergence,
                 token_ref=d.token_ref, token_other=d.token_other, gap=_num(d.gap_other or 0), tol=_num(d.tolerance))))
         if by_status["drift"]:
             d = max(by_status["drift"], key=lambda x: x.max_logit_diff)
-            found.append(Finding(rules.LOGITS_DRIFT.code, dict(
+            found.append(Finding("DSD503", dict(
                 base, prompt=d.prompt, position=d.max_diff_position, max_diff=_num(d.max_logit_diff),
                 tol=_num(d.tolerance), times=f"{d.max_logit_diff / d.tolerance:.3g}" if d.tolerance else "-")))
         if path_of.get(p.other) == "tp" and path_of.get(p.reference) != "tp" and not p.identical:
             tol = max((d.tolerance for d in p.diffs), default=0.0)
-            found.append(Finding(rules.TP_NUMERICS.code, dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
-            found.append(Finding(rules.INIT_INFERENCE_DTYPE.code, dict(
-                base, dtype=dtype, torch_dtype=f"torch.{TORCH_DTYPES[dtype]}")))
+            found.append(Finding("DSD505", dict(base, ranks=ranks, max_diff=_num(max_diff), tol=_num(tol))))
+            found.append(Finding("DSD506", dict(base, dtype=dtype, torch_dtype=f"torch.{TORCH_DTYPES[dtype]}")))
     return sort_findings(found)
 
 

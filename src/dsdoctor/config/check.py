@@ -8,10 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from dsdoctor.config import (
-    checks_configs,
-    rules,  # noqa: F401  (registers DSD1xx)
-)
+from dsdoctor.config import checks_configs
 from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
 from dsdoctor.config.inference_config import InferenceSettings, read_inference_config
 from dsdoctor.config.load import LoadedConfig, load_config
@@ -30,17 +27,7 @@ from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost
 
 MODES = ("inference", "training") + RUNNER_MODES  # "training" is the old spelling of "train"
 
-# every word of the rendered settings table and header, per language
-TEXT = {**message_table("config.check.TEXT"),  # the plain texts live in dsdoctor/messages.json
-    "head": {"en": ("setting", "effective (raw deepspeed.initialize)", "HF Trainer/accelerate, where different"),
-             "zh": ("设置", "deepspeed.initialize 实际生效", "HF Trainer 下不同之处")},
-    "head inference": {"en": ("setting", "effective (deepspeed.init_inference)", ""),
-                       "zh": ("设置", "deepspeed.init_inference 实际生效", "")},
-    "head runner": {"en": ("setting", "effective: {runner}", "raw deepspeed.initialize, where different"),
-                    "zh": ("设置", "{runner} 实际生效", "原始 deepspeed.initialize 下不同之处")},
-    "head markdown": {"en": ("Setting", "Effective", "HF Trainer, where different"),
-                      "zh": ("设置", "实际生效", "HF Trainer")},
-}
+TEXT = message_table("config.check.TEXT")  # every word of the rendered settings table and header
 
 @dataclass
 class CheckResult:

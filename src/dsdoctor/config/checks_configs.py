@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from dsdoctor.config import rules_configs  # noqa: F401  (registers DSD120-DSD131)
 from dsdoctor.config.effective import AUTO, Effective, _as_bool, _as_int
 from dsdoctor.config.gpu import bf16_supported, this_machine_gpu
 from dsdoctor.config.inference_config import InferenceSettings
@@ -234,12 +233,7 @@ def hybrid_engine_findings(raw: dict, eff: Effective, gpus: int | None) -> list[
         fixes.append(Phrase("tp-divisor", {"gpus": gpus}))
     if not fixes:
         fixes = [Phrase("bypass")]
-    return [Finding("DSD128", {"problems": _joined(problems), "fix": _joined(fixes)})]
-
-
-def _joined(parts: list[Phrase]) -> Phrase:
-    """Several phrases as one, joined with the language's separator (DSD128's list1..list3 phrases)."""
-    return Phrase(f"list{len(parts)}", {f"p{i}": part for i, part in enumerate(parts)})
+    return [Finding("DSD128", {"problems": Phrase.join("and", problems), "fix": Phrase.join("and", fixes)})]
 
 
 WQ_FIELDS = {"enabled", "num_bits", "q_type", "q_groups", "quantized_initialization", "post_init_quant"}

@@ -23,17 +23,11 @@ from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
 from dsdoctor.fsutil import atomic_write_text, check_output_path
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
-# the words of the rendered split, per language
-TEXT = {
-    "wrote": {"en": "wrote {out} (from {source})", "zh": "已写入 {out}（来自 {source}）"},
-    "head": {"en": ("key", "action", "value", "reason"), "zh": ("键", "操作", "值", "原因")},
-    "head markdown": {"en": ("Key", "Action", "Value", "Reason"), "zh": ("键", "操作", "值", "原因")},
-    "checked": {"en": "check of the written config:", "zh": "写出的配置检查结果："},
-}
+TEXT = message_table("config.split.TEXT")  # the words of the rendered split and the reasons outside the table
 
 
 @dataclass
@@ -84,9 +78,6 @@ class SplitResult:
                 + "\n```diff\n" + self.diff + "```\n\n" + findings_markdown(self.findings, lang))
 
 
-_AUTO_DROPPED = {"en": "\"auto\" that nothing fills outside the HF Trainer; DeepSpeed's default applies without it",
-                 "zh": "HF Trainer 之外无人填充的 \"auto\"；删除后使用 DeepSpeed 默认值"}
-_REJECTED = {"en": "DeepSpeed 0.19 rejects this key (DSD114)", "zh": "DeepSpeed 0.19 会拒绝此键（DSD114）"}
 
 
 def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:
@@ -117,7 +108,7 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
     # top level
     for key in list(new):
         if key in REMOVED_TOP_LEVEL_KEYS:
-            drop(new, key, key, _REJECTED)
+            drop(new, key, key, TEXT["rejected"])
         elif canonical_key(key) in BY_KEY and BY_KEY[canonical_key(key)].action == "drop":
             drop(new, key, key, row_reason(key))
 
@@ -150,9 +141,9 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
             path = f"zero_optimization.{sub}"
             row = BY_KEY.get(canonical_key(path))
             if path in invalid or sub not in ZERO_FIELDS:
-                drop(zero, sub, path, _REJECTED)
+                drop(zero, sub, path, TEXT["rejected"])
             elif sub == "offload_param" and new_stage < 3:
-                drop(zero, sub, path, {"en": "ignored below stage 3 (DSD106)", "zh": "stage 3 以下被忽略（DSD106）"})
+                drop(zero, sub, path, TEXT["below stage 3"])
             elif row and row.action == "drop":
                 drop(zero, sub, path, row.reason)
         op = zero.get("offload_param")
@@ -160,11 +151,11 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
             for sub in list(op):
                 path = f"zero_optimization.offload_param.{sub}"
                 if path in invalid:
-                    drop(op, sub, path, _REJECTED)
+                    drop(op, sub, path, TEXT["rejected"])
                 elif op[sub] == AUTO and not keep_auto:
-                    drop(op, sub, path, _AUTO_DROPPED)
+                    drop(op, sub, path, TEXT["auto dropped"])
         elif op == AUTO and not keep_auto:
-            drop(zero, "offload_param", "zero_optimization.offload_param", _AUTO_DROPPED)
+            drop(zero, "offload_param", "zero_optimization.offload_param", TEXT["auto dropped"])
         if not keep_auto:
             h = spec.hidden_size if spec else None
             fills = {"prefetch_bucket_size": int(0.9 * h * h) if h else None,
@@ -176,10 +167,10 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
                 canonical = canonical_key(path).split(".", 1)[1]
                 value = fills.get(canonical) or ZERO_DEFAULTS.get(canonical)
                 if value is None:
-                    drop(zero, sub, path, _AUTO_DROPPED)
+                    drop(zero, sub, path, TEXT["auto dropped"])
                 else:
                     resolve(zero, sub, path, value, row_reason(path) if canonical_key(path) in BY_KEY
-                            else _AUTO_DROPPED)
+                            else TEXT["auto dropped"])
 
     # anything else DeepSpeed rejects (DSD114), wherever it sits, if an earlier rule did not already take it
     for path, _why in eff.invalid_keys:
@@ -188,7 +179,7 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
         for part in parts[:-1]:
             container = container.get(part) if isinstance(container, dict) else None
         if isinstance(container, dict) and parts[-1] in container:
-            drop(container, parts[-1], path, _REJECTED)
+            drop(container, parts[-1], path, TEXT["rejected"])
 
     # batch size: deepspeed.initialize requires one; micro batch 1 is the sane value for inference
     micro = new.get("train_micro_batch_size_per_gpu")
@@ -201,11 +192,11 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
         for key in list(new):
             value = new[key]
             if value == AUTO:
-                drop(new, key, key, _AUTO_DROPPED)
+                drop(new, key, key, TEXT["auto dropped"])
             elif isinstance(value, dict):
                 for sub in list(value):
                     if value[sub] == AUTO:
-                        drop(value, sub, f"{key}.{sub}", _AUTO_DROPPED)
+                        drop(value, sub, f"{key}.{sub}", TEXT["auto dropped"])
     return new, changes
 
 

@@ -10,13 +10,11 @@ import dataclasses
 import json
 import os
 
-from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.findings import Finding
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
-from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.emit import code_for_plan
 from dsdoctor.plan.extra_paths import extra_paths
@@ -216,7 +214,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             chosen.ds_config if chosen.estimate else rec.ds_config_for(chosen.name, knobs, dtype=run_dtype),
             code)
     else:
-        recommendation = Recommendation(None, {"en": "no path fits", "zh": "没有放得下的方式"}, None, None)
+        recommendation = Recommendation(None, dict(rec.WHY["none fits"]), None, None)
 
     findings = _findings(plans, chosen, knobs, config_path, hw, wl, figures, profile)
     findings += path_findings(spec, wl, hw, plans, chosen, pos_limit, hard, run_dtype, capability, ckpt)
@@ -259,7 +257,6 @@ def machine_findings(profile, machine) -> list[Finding]:
     """DSD221 when a profile given explicitly was measured on other hardware than this machine's."""
     if profile is None or machine is None:
         return []
-    from dsdoctor.calibrate import rules as _  # noqa: F401  (registers DSD22x)
     from dsdoctor.calibrate.profile import fingerprint, machine_description
 
     here = machine_description()

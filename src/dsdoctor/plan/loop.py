@@ -210,7 +210,6 @@ def speed(name: str, mem: PathMemory, shape, wl, hw, knobs, figures=None) -> Spe
 def findings(plans: list, chosen) -> list:
     """DSD207 (gather-once against ZeRO-3 generate), DSD208 (gather-once does not fit), DSD209 (ZeRO-2 fits)."""
     from dsdoctor.findings import Finding
-    from dsdoctor.plan import loop_rules  # noqa: F401
     from dsdoctor.units import human_bytes
 
     by = {p.name: p for p in plans}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.units import human_bytes
 
 PREFERENCE = ("plain", "tp", "zero3", "zero3-offload", "zero3-offload-nvme")
@@ -89,23 +89,18 @@ def code_for(path: str, model: str, gpus: int, dtype: str, knobs=None) -> str:
             f"out = engine.module.generate(**inputs, max_new_tokens=N, synced_gpus=True)\n")
 
 
-_WHY = {
-    "fits": {"en": "{name} fits (peak {peak} per GPU) and is fastest: about {speed:.0f} tokens/s for the machine",
-             "zh": "{name} 放得下（每卡峰值 {peak}），整机约 {speed:.0f} token/s"},
-    "next": {"en": "; next best {name} at about {speed:.0f} tokens/s", "zh": "；次优 {name} 约 {speed:.0f} token/s"},
-    "unfit": {"en": "; does not fit: {names}", "zh": "；放不下：{names}"},
-}
+WHY = message_table("plan.recommend.WHY")  # why the recommended path, in dsdoctor/messages.json
 
 
 def why(chosen, paths: list, lang: str) -> str:
     others = [p for p in paths if p is not chosen]
     fits_others = [p for p in others if p.fits]
-    text = pick(_WHY["fits"], lang).format(name=chosen.name, peak=human_bytes(chosen.gpu_peak_bytes),
+    text = pick(WHY["fits"], lang).format(name=chosen.name, peak=human_bytes(chosen.gpu_peak_bytes),
                                            speed=machine_tokens_per_s(chosen))
     if fits_others:
         best_other = max(fits_others, key=machine_tokens_per_s)
-        text += pick(_WHY["next"], lang).format(name=best_other.name, speed=machine_tokens_per_s(best_other))
+        text += pick(WHY["next"], lang).format(name=best_other.name, speed=machine_tokens_per_s(best_other))
     unfit = [p.name for p in others if not p.fits]
     if unfit:
-        text += pick(_WHY["unfit"], lang).format(names=", ".join(unfit))
+        text += pick(WHY["unfit"], lang).format(names=", ".join(unfit))
     return text

@@ -15,14 +15,7 @@ from dsdoctor.units import human_bytes, human_count
 LABELS = message_table("plan.result.LABELS")  # the texts live in dsdoctor/messages.json
 
 
-# every other word of the rendered plan, per language
-TEXT = {**message_table("plan.result.TEXT"),  # the plain texts live in dsdoctor/messages.json
-    "head": {"en": ("path", "ranks", "GPU peak", "GPU reserved", "host peak", "loading", "fits", "tok/s/rank",
-                    "max batch", "max prompt"),
-             "zh": ("方式", "rank 数", "GPU 峰值", "GPU 预留", "主机峰值", "加载方法", "放得下", "token/s/rank",
-                    "最大 batch", "最长 prompt")},
-    "part head": {"en": ("path", "part", "bytes"), "zh": ("方式", "部分", "字节")},
-}
+TEXT = message_table("plan.result.TEXT")  # every other word of the rendered plan
 
 
 def label(key: str, lang: str) -> str:

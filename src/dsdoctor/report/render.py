@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 
 FORMATS = ("text", "json", "markdown")
 
@@ -54,13 +54,7 @@ class Result(Protocol):
     def to_markdown(self, lang: str = "en") -> str: ...
 
 
-# the words around the findings, per language
-TEXT = {
-    "no findings": {"en": "no findings", "zh": "没有发现问题"},
-    "details": {"en": "details: dsdoctor explain CODE", "zh": "详细说明: dsdoctor explain CODE"},
-    "no findings markdown": {"en": "No findings.", "zh": "没有发现问题。"},
-    "head markdown": {"en": ("Code", "Severity", "Finding", "Fix"), "zh": ("代码", "级别", "问题", "修复")},
-}
+TEXT = message_table("report.render.TEXT")  # the words around the findings
 
 
 def to_json(data) -> str:

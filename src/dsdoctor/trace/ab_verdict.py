@@ -14,20 +14,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from dsdoctor.findings import Finding
-from dsdoctor.i18n import pick
+from dsdoctor.findings import Finding, Phrase
 from dsdoctor.units import human_bytes
 
 NOISE = 0.10
-PARTS = (("weights_resident", "resident weights", "常驻权重"),
-         ("persistent_params", "persistent params", "常驻小参数"),
-         ("gathered_params", "gathered/prefetched params", "收集/预取的参数"),
-         ("kv_cache", "KV cache", "KV cache"),
-         ("activations", "activations", "激活"),
-         ("logits", "logits", "logits"),
-         ("cublas_workspace", "cuBLAS workspace", "cuBLAS 工作区"),
-         ("reduce_bucket", "reduce bucket", "reduce bucket"),
-         ("optimizer_state", "optimizer state", "优化器状态"))
+# plan's parts of a generate peak, in the order the attribution says them; each is a phrase of DSD345
+PARTS = ("weights_resident", "persistent_params", "gathered_params", "kv_cache", "activations", "logits",
+         "cublas_workspace", "reduce_bucket", "optimizer_state")
 
 
 def shape_of(trace) -> dict | None:
@@ -92,19 +85,16 @@ def attribution(v) -> dict | None:
     b = plan_breakdown(v.shape)
     if not measured or b is None:
         return None
-    parts = {k: int(b["parts"][k]) for k, _, _ in PARTS if b["parts"].get(k)}
+    parts = {k: int(b["parts"][k]) for k in PARTS if b["parts"].get(k)}
     return {"variant": v.name, "measured": int(measured), "kind": kind, "path": b["path"], "parts": parts,
             "remainder": int(measured - sum(parts.values())), "gathered_per_step": b["gathered_per_step"]}
 
 
-UNEXPLAINED = {"en": "unexplained ", "zh": "未解释的余量 "}
-
-
-def _line(a: dict, lang: str) -> str:
-    names = {k: pick({"en": en, "zh": zh}, lang) for k, en, zh in PARTS}
-    parts = " + ".join(f"{names[k]} {human_bytes(x)}" for k, x in a["parts"].items())
-    rest = pick(UNEXPLAINED, lang) + ("-" if a["remainder"] < 0 else "") + human_bytes(abs(a["remainder"]))
-    return f"{a['variant']} ({a['path']}, {a['kind']}): {human_bytes(a['measured'])} = {parts} + {rest}"
+def _line(a: dict) -> Phrase:
+    parts = [Phrase(k, {"size": human_bytes(x)}) for k, x in a["parts"].items()]
+    return Phrase("line", {"variant": a["variant"], "path": a["path"], "kind": a["kind"],
+                           "measured": human_bytes(a["measured"]), "parts": Phrase.join("plus", parts),
+                           "remainder": ("-" if a["remainder"] < 0 else "") + human_bytes(abs(a["remainder"]))})
 
 
 def findings(variants, profile=None) -> list[Finding]:
@@ -112,8 +102,7 @@ def findings(variants, profile=None) -> list[Finding]:
     att = {v.name: a for v in variants if (a := attribution(v))}
     out: list[Finding] = []
     if att:
-        out.append(Finding("DSD345", {"lines": "; ".join(_line(a, "en") for a in att.values()),
-                                      "lines_zh": "；".join(_line(a, "zh") for a in att.values())}))
+        out.append(Finding("DSD345", {"lines": Phrase.join("and", [_line(a) for a in att.values()])}))
     verdict = _verdict(variants, att, profile)
     if verdict:
         out.append(Finding("DSD346", verdict))
@@ -137,46 +126,32 @@ def _verdict(variants, att: dict, profile) -> dict | None:
             return _h2d(base, nop, unpinned, a, profile)
         if n_peak and b_peak and n_peak < b_peak * (1 - NOISE):
             g = (a or {}).get("parts", {}).get("gathered_params")
-            share = f"; plan puts gathered/prefetched params at {human_bytes(g)} of it" if g else ""
-            share_zh = f"；其中收集/预取的参数约 {human_bytes(g)}" if g else ""
-            return {"verdict": f"gathering dominates: without offload_param the generate peak falls from "
-                               f"{human_bytes(b_peak)} to {human_bytes(n_peak)}{share}",
-                    "verdict_zh": f"参数收集占主导：去掉 offload_param 后生成峰值从 {human_bytes(b_peak)} 降到 "
-                                  f"{human_bytes(n_peak)}{share_zh}",
-                    "advice": "lower stage3_prefetch_bucket_size and stage3_max_live_parameters",
-                    "advice_zh": "调小 stage3_prefetch_bucket_size 和 stage3_max_live_parameters"}
+            share = Phrase("gathered-share", {"size": human_bytes(g)}) if g else ""
+            return {"verdict": Phrase("gathering", {"before": human_bytes(b_peak), "after": human_bytes(n_peak),
+                                                    "share": share}),
+                    "advice": Phrase("advice-gathering")}
     if a:
         act = sum(a["parts"].get(k, 0) for k in ("kv_cache", "activations", "logits"))
         if act >= 0.5 * a["measured"]:
-            return {"verdict": f"activations and output buffers dominate: KV cache, activations and logits are "
-                               f"{human_bytes(act)} of the {human_bytes(a['measured'])} generate peak",
-                    "verdict_zh": f"激活和输出缓冲占主导：KV cache、激活和 logits 占生成峰值 "
-                                  f"{human_bytes(a['measured'])} 中的 {human_bytes(act)}",
-                    "advice": "generate fewer new tokens, lower the batch, or chunk long prompts",
-                    "advice_zh": "减少生成的新 token、减小 batch，或把长 prompt 分块"}
+            return {"verdict": Phrase("activations", {"act": human_bytes(act), "peak": human_bytes(a["measured"])}),
+                    "advice": Phrase("advice-activations")}
     return None
 
 
 def _h2d(base, nop, unpinned, a, profile) -> dict:
     moved = (a or {}).get("gathered_per_step")
     ranks = (base.shape or {}).get("world_size") or 1
-    bits, bits_zh = [], []
+    bits = []
     if base.tokens_per_s and nop.tokens_per_s:
-        bits.append(f"tokens/s {nop.tokens_per_s:.1f} -> {base.tokens_per_s:.1f} with offload_param")
-        bits_zh.append(f"开启 offload_param 后 tokens/s {nop.tokens_per_s:.1f} -> {base.tokens_per_s:.1f}")
+        bits.append(Phrase("h2d-speed", {"before": f"{nop.tokens_per_s:.1f}", "after": f"{base.tokens_per_s:.1f}"}))
     if moved:
-        bits.append(f"each forward copies {human_bytes(moved / ranks)} per rank from the host")
-        bits_zh.append(f"每次前向每个 rank 从主机拷贝 {human_bytes(moved / ranks)}")
+        bits.append(Phrase("h2d-copied", {"size": human_bytes(moved / ranks)}))
     m = profile.measured if profile is not None else {}
     if m.get("h2d_pinned"):
         pinned, pageable = m["h2d_pinned"] / 1e9, m.get("h2d_pageable", 0) / 1e9
-        bits.append(f"this machine copies {pinned:.0f} GB/s pinned, {pageable:.0f} GB/s pageable "
-                    f"(calibrated {profile.date})")
-        bits_zh.append(f"本机锁页拷贝 {pinned:.0f} GB/s，可分页 {pageable:.0f} GB/s（校准于 {profile.date}）")
+        bits.append(Phrase("h2d-bandwidth", {"pinned": f"{pinned:.0f}", "pageable": f"{pageable:.0f}",
+                                             "date": profile.date}))
     if unpinned is not None and unpinned.tokens_per_s and base.tokens_per_s:
-        bits.append(f"pin_memory off: {unpinned.tokens_per_s:.1f} tokens/s vs {base.tokens_per_s:.1f} pinned")
-        bits_zh.append(f"关闭 pin_memory：{unpinned.tokens_per_s:.1f} tokens/s，锁页为 {base.tokens_per_s:.1f}")
-    return {"verdict": "host-to-device bottleneck: " + "; ".join(bits),
-            "verdict_zh": "主机到设备拷贝是瓶颈：" + "；".join(bits_zh),
-            "advice": "keep offload_param only if the model does not fit without it; pin the host memory",
-            "advice_zh": "只有不卸载就放不下时才保留 offload_param；使用锁页内存"}
+        bits.append(Phrase("h2d-unpinned", {"unpinned": f"{unpinned.tokens_per_s:.1f}",
+                                            "pinned": f"{base.tokens_per_s:.1f}"}))
+    return {"verdict": Phrase("h2d", {"bits": Phrase.join("and", bits)}), "advice": Phrase("advice-h2d")}

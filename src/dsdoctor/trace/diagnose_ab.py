@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.i18n import pick
+from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
+TEXT = message_table("trace.diagnose_ab.TEXT")  # the texts live in dsdoctor/messages.json
 NOISE = 0.10
 # ab's main diagnosis, the first of these it found: the expert's verdict in numbers (DSD346) comes before
 # the single comparisons it is drawn from (DSD310, DSD312) and before "nothing changed decisively" (DSD313)
@@ -95,20 +96,14 @@ class AbResult:
                    "; ".join(v.stopped) or "-")
 
     def _head(self, lang):
-        return [pick(x, lang) for x in ({"en": "variant", "zh": "变体"}, {"en": "status", "zh": "状态"},
-                                        {"en": "generate peak GPU (allocated)", "zh": "生成阶段 GPU 峰值（allocated）"},
-                                        {"en": "run peak GPU (reserved)", "zh": "全程 GPU 峰值（reserved）"},
-                                        {"en": "peak host", "zh": "主机峰值"},
-                                        {"en": "tokens/s", "zh": "tokens/s"}, {"en": "wall", "zh": "用时"},
-                                        {"en": "where it stopped", "zh": "停止位置"})]
+        return pick(TEXT["head"], lang)
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         out = [f"dsdoctor ab: {' '.join(self.command)}\n\n", text_table(self._head(lang), list(self._rows())), "\n"]
         d = self.diagnosis
         if d:
-            label = "diagnosis" if lang == "en" else "诊断"
-            out.append(f"{label}: {d.code} {d.message(lang)}\n  {style.arrow} {d.fix(lang)}\n\n")
+            out.append(f"{pick(TEXT['diagnosis'], lang)}: {d.code} {d.message(lang)}\n  {style.arrow} {d.fix(lang)}\n\n")
         out.append(findings_text(self.findings, lang, style))
         if self.out_dir:
             out.append(f"files: {self.out_dir}/report.json, report.md, <variant>/report.json\n")
@@ -118,7 +113,7 @@ class AbResult:
         d = self.diagnosis
         out = [f"# dsdoctor ab\n\n`{' '.join(self.command)}`\n\n", markdown_table(self._head(lang), list(self._rows()))]
         if d:
-            out.append(f"\n**{'Diagnosis' if lang == 'en' else '诊断'}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
+            out.append(f"\n**{pick(TEXT['Diagnosis'], lang)}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
         out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
         return "".join(out)
 

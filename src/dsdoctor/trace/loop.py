@@ -10,6 +10,7 @@ Torch-free.
 from __future__ import annotations
 
 from dsdoctor.findings import Finding, Phrase
+from dsdoctor.i18n import message_table
 from dsdoctor.trace.records import RankRecord
 from dsdoctor.units import human_bytes
 
@@ -117,8 +118,7 @@ def loop_findings(summaries: list) -> list[Finding]:
 
 # ------------------------------------------------------------------ rendering
 
-HEAD = {"en": ["rank", "generate", "time", "tokens/s", "forwards", "gathered", "iteration", "share"],
-        "zh": ["rank", "generate", "耗时", "tokens/s", "forward 次数", "收集字节", "迭代耗时", "占比"]}
+HEAD = message_table("trace.loop.TEXT")["head"]  # in dsdoctor/messages.json
 
 
 def rows(ranks) -> list[tuple]:

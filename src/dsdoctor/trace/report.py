@@ -11,7 +11,6 @@ from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace import loop as gen_loop
-from dsdoctor.trace import rules_init  # noqa: F401  (registers DSD340)
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes
 
