@@ -10,13 +10,16 @@ from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan.api import plan
 from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs
 from dsdoctor.plan.hardware import make_hardware
-from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
+from dsdoctor.plan.memory import allocated
+from dsdoctor.plan.paths import by_name
+from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.workload import make_workload
 from tests.helpers import EXAMPLES
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
          "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
 LLAMA_7B = EXAMPLES / "llama-7b"
+PATHS = ("plain", "tp", "zero3", "zero3-offload", "zero3-offload-nvme")  # measured on GPUs, in the plan's order
 LLAMA_70B = dict(LLAMA, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                  num_key_value_heads=8, vocab_size=128256)
 
@@ -64,6 +67,20 @@ def test_70b_on_four_80gb_gpus_is_tp(llama70):
     assert f'tensor_parallel={{"tp_size": {chosen.tp}}}' in r.recommended.code
 
 
+def test_a_given_h2d_bandwidth_is_not_called_assumed():
+    """With --h2d-bandwidth given, DSD205 names neither the bandwidth nor the pinned copy rate taken from it
+    (it did: the speed figures read a ``given`` list Hardware never had)."""
+    def assumed(**kw):
+        r = _plan(LLAMA_7B, 2, **kw)
+        return next(f for f in r.findings if f.code == "DSD205").values["assumed"], r.hardware.profile["assumed"]
+
+    text, figures = assumed()
+    assert "h2d_bandwidth=" in text and "h2d_pinned" in text and "h2d_pinned" in figures
+    text, figures = assumed(h2d_bandwidth="25GB")
+    assert "h2d_bandwidth" not in text and "h2d_pinned" not in text and "h2d_pinned" not in figures
+    assert "h2d_pageable" in figures  # the pageable rate is still the assumed share of the given one
+
+
 def test_exact_counts_agree_with_formula_for_llama():
     pytest.importorskip("transformers")
     exact = _plan(LLAMA_7B, 1, counts="meta")
@@ -77,7 +94,7 @@ def _estimate(name, gpus, batch=4, prompt=512, knobs=None, model=LLAMA_7B):
     shape = model_shape(spec, from_formula(spec))
     wl = make_workload(batch, prompt, 64, "bf16", None)
     hw = make_hardware(gpus=gpus, gpu_memory="80GB", host_memory="1TiB", detect=False)
-    return estimate_path(name, shape, wl, hw, knobs)
+    return allocated(by_name(name)().layout(hw.gpus, knobs), shape, wl, knobs)
 
 
 def test_zero3_shards_weights_but_not_cache_or_activations():

@@ -10,7 +10,7 @@ from dsdoctor.model.exact import exact_inventory  # noqa: E402
 from dsdoctor.model.inventory import from_formula  # noqa: E402
 from dsdoctor.model.spec import load_model_spec  # noqa: E402
 from dsdoctor.plan.api import load_inventory  # noqa: E402
-from dsdoctor.plan.memory import kv_bytes, model_shape  # noqa: E402
+from dsdoctor.plan.shape import kv_bytes, model_shape  # noqa: E402
 from tests.helpers import TINY_LLAMA  # noqa: E402
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,

@@ -19,7 +19,7 @@ from dsdoctor.plan.loading import (
     tp_methods,
     zero3_methods,
 )
-from dsdoctor.plan.paths_tp import tp_splits
+from dsdoctor.plan.paths.tp import tp_splits
 from tests.helpers import EXAMPLES, ROOT, run_cli
 
 QWEN72 = EXAMPLES / "qwen2-72b"
@@ -201,7 +201,7 @@ def test_json_has_loading_and_options():
 # --------------------------------------------------------------------------- estimates: device_map, quantized
 
 def test_device_map_spreads_layers_like_accelerate_and_offloads_the_rest():
-    from dsdoctor.plan.device_map import place
+    from dsdoctor.plan.paths.device_map import place
 
     GiB = 1024**3
     units = [("embed", 2 * GiB, None)] + [(f"layer{i}", GiB, i) for i in range(10)] + [("lm_head", 2 * GiB, None)]
@@ -237,8 +237,12 @@ def test_quantized_weights_shrink_the_peak_and_are_chosen_only_when_nothing_else
 
 
 def test_choose_falls_back_to_estimates_then_quantized_only_when_nothing_else_fits():
-    from dsdoctor.plan.api import _choose_tiered
+    from dsdoctor.plan.paths import quantized_names
+    from dsdoctor.plan.recommend import choose_tiered
     from dsdoctor.plan.result import PathPlan
+
+    def _choose_tiered(plans):
+        return choose_tiered(plans, quantized_names())
 
     def p(name, fits, tps, estimate=False):
         return PathPlan(name, 1, 1, 0, 0, 0, 0, fits, [], "decode", tps, tps, "hbm", {}, {}, estimate=estimate)
@@ -254,9 +258,9 @@ def test_choose_falls_back_to_estimates_then_quantized_only_when_nothing_else_fi
 
 
 def test_zero_inference_int4_config_carries_weight_quantization():
-    from dsdoctor.plan.extra_paths import _zero_code
+    from dsdoctor.plan.paths.quantized import zero_int4_code
 
-    cfg, code = _zero_code("zero3-offload-int4", "m", 2, "fp16", None)
+    cfg, code = zero_int4_code("cpu", "m", 2, "fp16", None)  # zero3-offload-int4
     assert cfg["weight_quantization"]["quantized_initialization"]["num_bits"] == 4
     assert cfg["fp16"] == {"enabled": True} and '"weight_quantization"' in code
 

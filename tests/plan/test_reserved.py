@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from dsdoctor.plan.allocator import LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size
 from dsdoctor.plan.api import plan
-from dsdoctor.plan.reserved import LARGE_SEGMENT, SMALL_SEGMENT, Allocator, round_size, segment_size
 from tests.helpers import DATA, EXAMPLES
 
 MiB = 2**20
@@ -163,7 +163,7 @@ def test_the_replayed_gather_sequence_is_the_recorded_one_and_so_is_the_reserved
     malloc, release = R.Allocator.malloc, R.Allocator.release
 
     def rec_malloc(self, tid, nbytes, stream=0):
-        sizes[(id(self), tid)] = (R.round_size(int(nbytes)), stream)
+        sizes[(id(self), tid)] = (round_size(int(nbytes)), stream)
         self.__dict__.setdefault("_ops", []).append(("a", tid))
         return malloc(self, tid, nbytes, stream)
 

@@ -116,6 +116,13 @@ def _int(cfg: dict, path: Path, *keys, default=None, low: int = 1, limit: int | 
 
 def load_model_spec(path: str | os.PathLike) -> ModelSpec:
     p, cfg = read_config_json(path)
+    return spec_from_config(cfg, p)
+
+
+def spec_from_config(cfg: dict, path: str | os.PathLike) -> ModelSpec:
+    """The spec of a parsed ``config.json`` (untrusted: bounded here too); ``path`` names where it came from."""
+    p = Path(path)
+    inputs.check_tree(cfg, p)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model", limit=LIMITS["hidden_size"])
     heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads", limit=LIMITS["num_heads"])

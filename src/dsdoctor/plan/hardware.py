@@ -53,6 +53,11 @@ class Hardware:
     profile: dict | None = None  # the machine profile plan used: calibrated_at, source, figures still assumed
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF the plan assumed
 
+    @property
+    def h2d_assumed(self) -> bool:
+        """The host-to-device bandwidth is the table's (not given with --h2d-bandwidth)."""
+        return any(a.startswith("h2d_bandwidth") for a in self.assumed)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

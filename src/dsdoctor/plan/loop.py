@@ -1,7 +1,7 @@
 """Plan for generation inside training (``dsdoctor plan --loop``): the policy trains, so its optimizer state
 is there while it generates its rollouts.
 
-Two paths are added to the inference ones:
+Two paths are added to the inference ones (their types: ``paths/loop.py``):
 
 * ``zero3-gather-once``: ZeRO-3 for training; for each generate the whole model is all-gathered once and
   ZeRO-3's per-module hooks are lifted (DeepSpeed's ``unwrap_model_for_generation``). Memory while
@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS, PathMemory
-from dsdoctor.plan.speed import LINK_EFFICIENCY, Speed
+from dsdoctor.plan.ds_knobs import DsKnobs
+from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS, TRAINING_PARTS, PathMemory
+from dsdoctor.plan.speed import Figures, Speed
 from dsdoctor.zero_costs import optimizer_cost
 
-LOOP_PATHS = ("zero2", "zero3-gather-once")
-# where the actor trains: the inference-only paths are shown for reference, not recommended
-TRAINING_PATHS = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
-PREFERENCE = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
 ADAM_MOMENTS_BYTES = 8  # two fp32 moments per parameter, partitioned, from the first step on
 
 
@@ -59,10 +56,10 @@ def _generate_transient(plain: PathMemory) -> dict:
 
 
 def training_state(numel: int, world: int, b: int, knobs) -> tuple[dict, dict]:
-    """GPU and host bytes per rank (host: all ranks) of ZeRO-2/3 training state, Adam moments included."""
-    offload = getattr(knobs, "offload_optimizer", None)
-    bucket = getattr(knobs, "reduce_bucket_size", 500_000_000)
-    cost = optimizer_cost(numel, world, offload, b, bucket)
+    """GPU and host bytes per rank (host: all ranks) of ZeRO-2/3 training state, Adam moments included; the
+    config's offload_optimizer and reduce bucket where it has them, DeepSpeed's defaults otherwise."""
+    knobs = knobs or DsKnobs()
+    cost = optimizer_cost(numel, world, knobs.offload_optimizer, b, knobs.reduce_bucket_size)
     gpu, host = {"reduce_bucket": cost["bucket"]}, {}
     moments = ADAM_MOMENTS_BYTES * cost["shard"]
     if cost["host"]:
@@ -73,15 +70,14 @@ def training_state(numel: int, world: int, b: int, knobs) -> tuple[dict, dict]:
 
 
 def with_training_state(mem: PathMemory, numel: int, b: int, knobs, train: dict | None = None) -> PathMemory:
-    """A ZeRO-3 inference path of ``estimate_path`` with the loop's training state in place of a config's,
+    """A ZeRO-3 inference path's memory with the loop's training state in place of a config's,
     and its training step (``train``: ``train_step_bytes``) as a second phase that may set the peak."""
     gpu_extra, host_extra = training_state(numel, mem.ranks, b, knobs)
-    breakdown = {k: v for k, v in mem.gpu_breakdown.items() if k not in ("reduce_bucket", "optimizer_state")}
+    breakdown = {k: v for k, v in mem.gpu_breakdown.items() if k not in TRAINING_PARTS}
     host = {k: v for k, v in mem.host_breakdown.items() if k != "optimizer_state"}
-    base = sum(v for k, v in mem.gpu_breakdown.items() if k not in ("reduce_bucket", "optimizer_state"))
+    base = sum(v for k, v in mem.gpu_breakdown.items() if k not in TRAINING_PARTS)
     if mem.peak_at == "load":
-        base = mem.gpu_peak_bytes - sum(v for k, v in mem.gpu_breakdown.items() if k in ("reduce_bucket",
-                                                                                           "optimizer_state"))
+        base = mem.gpu_peak_bytes - sum(v for k, v in mem.gpu_breakdown.items() if k in TRAINING_PARTS)
     breakdown.update(gpu_extra)
     host.update(host_extra)
     peak, peak_at = int(base + sum(gpu_extra.values())), mem.peak_at
@@ -102,61 +98,51 @@ def with_training_state(mem: PathMemory, numel: int, b: int, knobs, train: dict 
 
 def loop_path(name: str, zero3: PathMemory, plain: PathMemory, numel: int, weights: int, b: int, gpus: int,
               knobs, train: dict | None = None) -> PathMemory:
+    """The allocated peak of ``zero2`` or ``zero3-gather-once`` from the ZeRO-3 and plain estimates of the same
+    workload: the generate (plain's transient beside the path's weights) or the training step, whichever is
+    larger, with the training state."""
     transient = _generate_transient(plain)
     gpu_extra, host_extra = training_state(numel, gpus, b, knobs)
-    if name == "zero3-gather-once":
+    if name == "zero3-gather-once":  # training runs on the shards, with ZeRO-3's gathered layers
         shards = zero3.gpu_breakdown.get("weights_resident", 0)
         persistent = zero3.gpu_breakdown.get("persistent_params", 0)
         breakdown = {"weights_resident": shards, "persistent_params": persistent,
                      "gathered_whole_model": max(weights - persistent, 0)}
         notes = ["whole weights on every GPU while generating, ZeRO-3 partitions as well",
                  "speed: plain plus one all-gather of every parameter per generate"]
+        step = {"weights_resident": shards, "persistent_params": persistent,
+                "gathered_params": zero3.gpu_breakdown.get("gathered_params", 0)}
     else:  # zero2
         breakdown = {"weights_resident": weights}  # the gradient partition is in optimizer_state
         notes = ["ZeRO-2: whole weights resident, gradients and optimizer state partitioned"]
-    if name == "zero3-gather-once":  # training runs on the shards, with ZeRO-3's gathered layers
-        step = {"weights_resident": shards, "persistent_params": persistent,
-                "gathered_params": zero3.gpu_breakdown.get("gathered_params", 0)}
-    else:
         step = {"weights_resident": weights}
     breakdown.update(transient)
     breakdown.update(gpu_extra)
     step.update(gpu_extra)
     step.update(train or {})
     peak, breakdown, peak_at = _two_phases(breakdown, step if train else {}, "decode")
-    reserved = peak + max(plain.gpu_reserved_bytes - plain.gpu_peak_bytes, 0)
     host = dict(zero3.host_breakdown) if name == "zero3-gather-once" else dict(plain.host_breakdown)
     host = {k: v for k, v in host.items() if k != "optimizer_state"}
     host.update(host_extra)
     outside = CUDA_CONTEXT + (NCCL_BUFFERS if gpus > 1 else 0)
-    return PathMemory(name, gpus, gpus, peak, int(reserved), outside, int(sum(host.values())), peak_at,
+    return PathMemory(name, gpus, gpus, peak, outside, int(sum(host.values())), peak_at,
                       {k: int(v) for k, v in breakdown.items() if v}, host, weights, 0, notes)
 
 
-def loop_speed(name: str, plain_speed: Speed, weights: int, gpus: int, hw, wl, figures=None) -> Speed:
-    """Plain speed; gather-once adds one all-gather of every parameter per generate (at the measured
-    all-gather bus bandwidth when a profile has one)."""
+def loop_speed(name: str, plain_speed: Speed, weights: int, gpus: int, wl, figures: Figures) -> Speed:
+    """Plain speed; gather-once adds one all-gather of every parameter per generate (at the machine's
+    all-gather bus bandwidth)."""
     gather = 0.0
     if name == "zero3-gather-once" and gpus > 1:
-        bus = figures.allgather_bus_bw if figures is not None else hw.gpu_gpu_bandwidth * LINK_EFFICIENCY
-        gather = weights * (gpus - 1) / gpus / bus
+        gather = weights * (gpus - 1) / gpus / figures.allgather_bus_bw
     tokens = wl.batch * wl.new_tokens
     total = tokens / plain_speed.tokens_per_s + gather
     return Speed(plain_speed.decode_step_s, plain_speed.prefill_s + gather, tokens / total,
                  plain_speed.decode_tokens_per_s, plain_speed.bound)
 
 
-def choose(paths: list):
-    """The fastest fitting path the actor can train on; on a tie the simpler one."""
-    fitting = [p for p in paths if p.fits and p.name in TRAINING_PATHS]
-    if not fitting:
-        return None
-    best = max(p.tokens_per_s * p.replicas for p in fitting)
-    close = [p for p in fitting if p.tokens_per_s * p.replicas >= 0.95 * best]
-    return min(close, key=lambda p: PREFERENCE.index(p.name))
-
-
-def code_for(path: str, model: str, gpus: int, dtype: str) -> str:
+def training_code(path: str, model: str, gpus: int, dtype: str) -> str:
+    """The training script of a loop whose actor trains on ``path`` and generates its rollouts."""
     stage = 2 if path == "zero2" else 3
     lines = [f"# deepspeed --num_gpus {gpus} train_rl.py",
              "import deepspeed, torch",
@@ -176,91 +162,8 @@ def code_for(path: str, model: str, gpus: int, dtype: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ------------------------------------------------------------------ what plan() calls in loop mode
-
-def estimate(name: str, shape, wl, hw, knobs) -> PathMemory | None:
-    """Memory of ``zero2`` / ``zero3-gather-once`` (or, for another name, ``in_loop`` of its inference path)."""
-    from dsdoctor.plan.memory import estimate_path
-
-    numel = shape.inventory.num_params
-    b = wl.dtype_bytes
-    train = train_step_bytes(shape, wl)
-    if name in LOOP_PATHS:
-        plain = estimate_path("plain", shape, wl, hw, None)
-        zero3 = estimate_path("zero3", shape, wl, hw, dataclasses.replace(knobs, has_optimizer=False)
-                              if knobs is not None else None)
-        return loop_path(name, zero3, plain, numel, numel * b, b, hw.gpus, knobs, train)
-    mem = estimate_path(name, shape, wl, hw, knobs)
-    if mem is not None and name.startswith("zero3"):
-        mem = with_training_state(mem, numel, b, knobs, train)
-    return mem
-
-
-def speed(name: str, mem: PathMemory, shape, wl, hw, knobs, figures=None) -> Speed:
-    from dsdoctor.plan.memory import estimate_path
-    from dsdoctor.plan.speed import estimate_speed
-
-    if name not in LOOP_PATHS:
-        return estimate_speed(mem, shape, wl, hw, knobs, figures)
-    plain = estimate_path("plain", shape, wl, hw, None)
-    return loop_speed(name, estimate_speed(plain, shape, wl, hw, None, figures),
-                      shape.inventory.num_params * wl.dtype_bytes, hw.gpus, hw, wl, figures)
-
-
-def findings(plans: list, chosen) -> list:
-    """DSD207 (gather-once against ZeRO-3 generate), DSD208 (gather-once does not fit), DSD209 (ZeRO-2 fits)."""
-    from dsdoctor.findings import Finding
-    from dsdoctor.units import human_bytes
-
-    by = {p.name: p for p in plans}
-    once, z3, z2 = by.get("zero3-gather-once"), by.get("zero3"), by.get("zero2")
-    out = []
-    if once is not None and z3 is not None:
-        need = human_bytes(once.gpu_reserved_bytes + once.gpu_outside_allocator_bytes)
-        if once.fits:
-            out.append(Finding("DSD207", {
-                "once_tps": f"{once.tokens_per_s:.0f}", "z3_tps": f"{z3.tokens_per_s:.0f}",
-                "speedup": f"{once.tokens_per_s / z3.tokens_per_s:.1f}" if z3.tokens_per_s else "?",
-                "once_peak": human_bytes(once.gpu_peak_bytes), "z3_peak": human_bytes(z3.gpu_peak_bytes),
-                "extra": human_bytes(max(once.gpu_peak_bytes - z3.gpu_peak_bytes, 0))}))
-        else:
-            out.append(Finding("DSD208", {"need": need, "limits": ", ".join(once.limits) or "gpu",
-                                          "z3_peak": human_bytes(z3.gpu_peak_bytes)}))
-    if z2 is not None and z2.fits:
-        out.append(Finding("DSD209", {"peak": human_bytes(z2.gpu_peak_bytes), "tps": f"{z2.tokens_per_s:.0f}",
-                                      "gpus": z2.ranks}))
-    return out
-
-
-def in_loop(name: str, mem: PathMemory | None, shape, wl, knobs) -> PathMemory | None:
-    """An inference path's memory in a loop: the ZeRO-3 ones carry the training state and step."""
-    if mem is None or not name.startswith("zero3"):
-        return mem
+def in_loop(mem: PathMemory | None, shape, wl, knobs) -> PathMemory | None:
+    """A ZeRO-3 inference path's memory in a loop: it carries the training state and step."""
+    if mem is None:
+        return None
     return with_training_state(mem, shape.inventory.num_params, wl.dtype_bytes, knobs, train_step_bytes(shape, wl))
-
-
-def loop_plans(shape, wl, hw, knobs, fits, largest, pos_limit, hard, max_batch_search: int, figures=None) -> list:
-    """PathPlan rows of ``zero2`` and ``zero3-gather-once``, with the largest batch and prompt that fit;
-    speed from the machine's figures (``speed.figures_for``)."""
-    from dsdoctor.plan.result import PathPlan
-
-    out = []
-    for name in LOOP_PATHS:
-        mem = estimate(name, shape, wl, hw, knobs)
-        spd = speed(name, mem, shape, wl, hw, knobs, figures)
-        ok, limits = fits(mem, hw)
-
-        def fits_with(name=name, **change):  # bound now: called within this iteration only
-            return fits(estimate(name, shape, dataclasses.replace(wl, **change), hw, knobs), hw)[0]
-
-        max_ctx = (pos_limit or 131072) - wl.new_tokens
-        max_ctx = max(max_ctx, wl.prompt_len) if hard is None else max_ctx
-        out.append(PathPlan(
-            name=name, ranks=mem.ranks, replicas=mem.replicas, gpu_peak_bytes=mem.gpu_peak_bytes,
-            gpu_reserved_bytes=mem.gpu_reserved_bytes, gpu_outside_allocator_bytes=mem.gpu_outside_allocator_bytes,
-            host_peak_bytes=mem.host_peak_bytes, fits=ok, limits=limits, peak_at=mem.peak_at,
-            tokens_per_s=spd.tokens_per_s, decode_tokens_per_s=spd.decode_tokens_per_s, bound=spd.bound,
-            breakdown=mem.gpu_breakdown, host_breakdown=mem.host_breakdown,
-            max_batch=largest(lambda v: fits_with(batch=v), 1, max_batch_search),
-            max_prompt_len=largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1)), notes=mem.notes))
-    return out

@@ -5,8 +5,6 @@ batch over all GPUs; so throughput per machine, not per rank, decides. On a tie 
 """
 from __future__ import annotations
 
-import json
-
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.units import human_bytes
 
@@ -35,58 +33,31 @@ def preference(name: str) -> tuple:
     return (len(PREFERENCE) + 1, name)
 
 
-def dtype_section(dtype: str) -> dict:
-    """The ds_config precision section for the run dtype (bf16 needs compute capability 8.0)."""
-    if dtype == "bf16":
-        return {"bf16": {"enabled": True}}
-    if dtype == "fp16":
-        return {"fp16": {"enabled": True}}
-    return {}
+def choose_tiered(plans: list, quantized: set) -> tuple:
+    """Measured paths first; an estimate (device-map) only when none fits; quantized weights (they change
+    the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier compared)."""
+    tiers = [[p for p in plans if not p.estimate], [p for p in plans if p.name not in quantized], plans]
+    for tier in tiers:
+        chosen = choose(tier)
+        if chosen is not None:
+            return chosen, tier
+    return None, plans
 
 
-def ds_config_for(path: str, knobs=None, dtype: str = "bf16") -> dict | None:
-    if not path.startswith("zero3"):
-        return None
-    zero = {"stage": 3}
-    if knobs is not None:
-        zero.update({
-            "stage3_prefetch_bucket_size": knobs.prefetch_bucket_size,
-            "stage3_param_persistence_threshold": knobs.param_persistence_threshold,
-            "stage3_max_live_parameters": knobs.max_live_parameters,
-        })
-    if path == "zero3-offload":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    if path == "zero3-offload-nvme":
-        zero["offload_param"] = {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True}
-    return {**dtype_section(dtype), "zero_optimization": zero, "train_micro_batch_size_per_gpu": 1}
+TRAINING_PREFERENCE = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
 
 
-def code_for(path: str, model: str, gpus: int, dtype: str, knobs=None) -> str:
-    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}[dtype]
-    if path == "plain":
-        launch = (f"# one process per GPU, each with its own batch:\n#   torchrun --nproc_per_node {gpus} run.py\n"
-                  if gpus > 1 else "")
-        return (f"{launch}import os, torch\nfrom transformers import AutoModelForCausalLM\n"
-                f"device = f\"cuda:{{int(os.environ.get('LOCAL_RANK', 0))}}\"\n"
-                f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype}, device_map=device)\n"
-                f"out = model.generate(**inputs, max_new_tokens=N)\n")
-    if path == "tp":
-        return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
-                f"from transformers import AutoModelForCausalLM\n"
-                f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype})  # on the host\n"
-                f"engine = deepspeed.init_inference(model, tensor_parallel={{\"tp_size\": {gpus}}}, "
-                f"dtype={torch_dtype}, replace_with_kernel_inject=False)\n"
-                f"out = engine.module.generate(**inputs, max_new_tokens=N)  # same inputs on every rank\n")
-    cfg = json.dumps(ds_config_for(path, knobs, dtype=dtype), indent=2)
-    return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
-            f"from transformers import AutoModelForCausalLM\n"
-            f"from transformers.integrations import HfDeepSpeedConfig\n"
-            f"ds_config = {cfg}\n"
-            f"dschf = HfDeepSpeedConfig(ds_config)  # keep alive: from_pretrained loads under zero.Init\n"
-            f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype})\n"
-            f"engine = deepspeed.initialize(model=model, config=ds_config)[0]  # no optimizer\n"
-            f"engine.module.eval()\n"
-            f"out = engine.module.generate(**inputs, max_new_tokens=N, synced_gpus=True)\n")
+def choose_training(paths: list, training: set) -> tuple:
+    """With ``--loop``: the fastest fitting path the actor can train on (the inference-only paths are shown for
+    reference, not recommended); on a tie the simpler one. Returns (chosen or None, the paths compared)."""
+    compared = [p for p in paths if p.name in training]
+    fitting = [p for p in compared if p.fits]
+    if not fitting:
+        return None, compared
+    best = max(p.tokens_per_s * p.replicas for p in fitting)
+    close = [p for p in fitting if p.tokens_per_s * p.replicas >= 0.95 * best]
+    order = {name: i for i, name in enumerate(TRAINING_PREFERENCE)}
+    return min(close, key=lambda p: order.get(p.name, len(order))), compared
 
 
 WHY = message_table("plan.recommend.WHY")  # why the recommended path, in dsdoctor/messages.json

@@ -47,8 +47,6 @@ class PathPlan:
     loading_options: list = field(default_factory=list)  # every method's host memory (anonymous, file-backed)
     tp: int | None = None  # GPUs per tensor-parallel group
     estimate: bool = False  # modelled, not yet measured on a GPU
-    code: str | None = field(default=None, repr=False)  # the path's own code (estimate paths)
-    ds_config: dict | None = field(default=None, repr=False)
     fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
     speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
 

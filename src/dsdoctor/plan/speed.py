@@ -80,7 +80,7 @@ def figures_for(hw, profile=None) -> Figures:
     mm = pick("matmul_flops", hw.flops * PREFILL_MFU)
     att = pick("attention_flops", hw.flops * PREFILL_MFU * 0.7)
     pinned = prof.get("h2d_pinned") or hw.h2d_bandwidth * LINK_EFFICIENCY
-    if "h2d_pinned" not in prof and "h2d_bandwidth" not in getattr(hw, "given", ()):
+    if "h2d_pinned" not in prof and hw.h2d_assumed:  # neither measured nor given (--h2d-bandwidth)
         assumed.append("h2d_pinned")
     pageable = pick("h2d_pageable", pinned * ASSUMED["pageable_factor"])
     ag = pick("allgather_bus_bw", hw.gpu_gpu_bandwidth * LINK_EFFICIENCY) if hw.gpus > 1 else hw.gpu_gpu_bandwidth
@@ -115,7 +115,7 @@ def _by_batch(v: dict, kind: str, batch: int) -> float:
     return pts[-1][1]
 
 
-def _hooked_modules(shape) -> int:
+def hooked_modules(shape) -> int:
     """Modules whose forward ZeRO-3 hooks (fetch before, release after): those owning parameters plus the
     containers that run a forward: per layer the layer, attention, MLP and activation; the root, the
     decoder and the rotary embedding."""
@@ -148,12 +148,39 @@ def _elementwise_bytes_per_token(shape, b: int, tp: int) -> float:
     return norms + rotary + residual + mlp
 
 
-def estimate_speed(mem, shape, wl, hw, knobs=None, figures: Figures | None = None) -> Speed:
-    f = figures or figures_for(hw)
-    v = f.values
-    b = wl.dtype_bytes
+@dataclass(frozen=True)
+class StepTerms:
+    """What a path's decode step pays beyond the eager work, the weight read and the KV cache: declared by
+    the path (``paths/``) from its memory estimate."""
+    tp: int = 1  # AutoTP degree: linears and the KV cache split; 2 all-reduces per layer when > 1
+    hooks: str | None = None  # the figure of ZeRO-3's per-module hook cost (zero3_module_s / zero3_offload_module_s)
+    ranks: int = 1  # ranks the gathered bytes come from (an all-gather when > 1)
+    moved: int = 0  # bytes a step brings in (gather or host copy), per rank: PathMemory.gathered_bytes_per_step
+    h2d: str | None = None  # this rank's share copied from the host each step: "pinned" or "pageable"
+    nvme: bool = False  # this rank's share read from NVMe each step
+
+
+def _decode_streams(terms: StepTerms, shape, f: Figures) -> dict:
+    """The seconds per decode step of what a ZeRO-3 step brings in: gathers, host copies, NVMe reads."""
+    v, streams = f.values, {}
+    if terms.hooks is None:
+        return streams
+    if terms.ranks > 1:
+        gathered_modules = len(shape.inventory.modules())
+        streams["gather"] = terms.moved * (terms.ranks - 1) / terms.ranks / f.allgather_bus_bw \
+            + gathered_modules * v["allgather_latency_s"]
+    if terms.h2d is not None:
+        streams["host-to-device"] = terms.moved / terms.ranks / (f.h2d_pinned if terms.h2d == "pinned"
+                                                                 else f.h2d_pageable)
+    if terms.nvme:
+        streams["nvme"] = terms.moved / terms.ranks / f.nvme_read
+    return streams
+
+
+def _decode_terms(shape, wl, terms: StepTerms, f: Figures) -> tuple[dict, dict]:
+    """(every term of a decode step, the streams among them) in seconds."""
+    v, b, tp = f.values, wl.dtype_bytes, terms.tp
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
-    tp = mem.ranks if mem.name == "tp" else 1
     lin, head, emb = _linear_params(shape)
     other = shape.inventory.num_params - lin - head - (emb if head != emb or not shape.inventory.tied else 0)
     per_rank_lin = lin / tp
@@ -163,38 +190,24 @@ def estimate_speed(mem, shape, wl, hw, knobs=None, figures: Figures | None = Non
     for elems, window in zip(shape.kv_elems_per_token, shape.kv_window):
         kept = min(avg_ctx, window) if window else avg_ctx
         kv_read += B * kept * elems * b / tp
+    overhead = _by_batch(v, "token", B) + shape.layers * _by_batch(v, "layer", B)
+    terms_s = {"eager": overhead}
+    terms_s["weights"] = max(read / f.hbm_read, 2 * (per_rank_lin + head / tp) * B / f.matmul_flops)
+    terms_s["kv_cache"] = kv_read / f.hbm_read
+    if tp > 1:
+        terms_s["allreduce"] = shape.layers * 2 * v["autotp_allreduce_s"]
+    if terms.hooks is not None:
+        terms_s["zero3_hooks"] = hooked_modules(shape) * v[terms.hooks]
+    streams = _decode_streams(terms, shape, f)
+    terms_s.update(streams)
+    return terms_s, streams
 
-    layer_s = _by_batch(v, "layer", B)
-    token_s = _by_batch(v, "token", B)
-    overhead = token_s + shape.layers * layer_s
-    terms = {"eager": overhead}
-    weights_t = max(read / f.hbm_read, 2 * (per_rank_lin + head / tp) * B / f.matmul_flops)
-    terms["weights"] = weights_t
-    terms["kv_cache"] = kv_read / f.hbm_read
-    streams = {}
-    if mem.name == "tp":
-        terms["allreduce"] = shape.layers * 2 * v["autotp_allreduce_s"]
-    if mem.name.startswith("zero3"):
-        offload = mem.name != "zero3"
-        modules = _hooked_modules(shape)
-        terms["zero3_hooks"] = modules * v["zero3_offload_module_s" if offload else "zero3_module_s"]
-        moved = mem.gathered_bytes_per_step
-        if mem.ranks > 1:
-            gathered_modules = len(shape.inventory.modules())
-            streams["gather"] = moved * (mem.ranks - 1) / mem.ranks / f.allgather_bus_bw \
-                + gathered_modules * v["allgather_latency_s"]
-        if mem.name == "zero3-offload":
-            pinned = knobs.offload_param_pin_memory if knobs is not None and knobs.offload_param else True
-            streams["host-to-device"] = moved / mem.ranks / (f.h2d_pinned if pinned else f.h2d_pageable)
-        if mem.name == "zero3-offload-nvme":
-            streams["nvme"] = moved / mem.ranks / f.nvme_read
-    terms.update(streams)
-    step = sum(terms.values())
-    bound = max(("hbm", terms["weights"] + terms["kv_cache"]), ("overhead", step - terms["weights"] - terms["kv_cache"]
-                                                                 - sum(streams.values())),
-                *streams.items(), key=lambda kv: kv[1])[0]
 
-    # prefill: one forward over B x S tokens; logits for the last position only
+def _prefill_s(shape, wl, tp: int, f: Figures) -> float:
+    """One forward over batch x prompt tokens, logits for the last position only, without the overheads."""
+    b, B, S = wl.dtype_bytes, wl.batch, wl.prompt_len
+    lin, head, _emb = _linear_params(shape)
+    per_rank_lin = lin / tp
     M = B * S
     mm = 2 * per_rank_lin * M / f.matmul_flops
     mm = max(mm, per_rank_lin * b / f.hbm_read) + max(2 * head / tp * B / f.matmul_flops, head / tp * b / f.hbm_read)
@@ -203,7 +216,20 @@ def estimate_speed(mem, shape, wl, hw, knobs=None, figures: Figures | None = Non
         ctx = min(S, window) if window else S
         att += 4 * B * S * ctx * shape.q_dim / tp / (2 if ctx == S else 1) / f.attention_flops
     elementwise = shape.layers * M * _elementwise_bytes_per_token(shape, b, tp) / f.hbm_read
-    prefill = (mm + att + elementwise + terms["eager"] + terms.get("allreduce", 0.0) + terms.get("zero3_hooks", 0.0)
-               + sum(streams.values()))
+    return mm + att + elementwise
+
+
+def estimate_speed(shape, wl, figures: Figures, terms: StepTerms | None = None) -> Speed:
+    """One generate on a path whose step pays ``terms`` (default: whole weights, nothing brought in), on a
+    machine of ``figures``."""
+    terms = terms or StepTerms()
+    step_terms, streams = _decode_terms(shape, wl, terms, figures)
+    step = sum(step_terms.values())
+    weights, kv = step_terms["weights"], step_terms["kv_cache"]
+    bound = max(("hbm", weights + kv), ("overhead", step - weights - kv - sum(streams.values())), *streams.items(),
+                key=lambda item: item[1])[0]
+    prefill = (_prefill_s(shape, wl, terms.tp, figures) + step_terms["eager"] + step_terms.get("allreduce", 0.0)
+               + step_terms.get("zero3_hooks", 0.0) + sum(streams.values()))
+    B, T = wl.batch, wl.new_tokens
     total = prefill + max(T - 1, 0) * step
-    return Speed(step, prefill, B * T / total, B / step, bound, {k: round(x, 6) for k, x in terms.items()})
+    return Speed(step, prefill, B * T / total, B / step, bound, {k: round(x, 6) for k, x in step_terms.items()})

@@ -10,10 +10,6 @@ profile) and what pin_memory changed when that variant ran.
 """
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
-
 from dsdoctor.findings import Finding, Phrase
 from dsdoctor.units import human_bytes
 
@@ -46,23 +42,13 @@ def _path(shape: dict) -> str:
 def plan_breakdown(shape: dict) -> dict | None:
     """plan's generate-peak breakdown (bytes per part) for the variant's shape, or None if plan cannot."""
     try:
-        from dsdoctor.model.spec import load_model_spec
-        from dsdoctor.plan.api import load_inventory
-        from dsdoctor.plan.hardware import make_hardware
-        from dsdoctor.plan.memory import estimate_path, model_shape
-        from dsdoctor.plan.workload import make_workload
+        from dsdoctor.plan.api import generate_peak
 
-        with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
-            (Path(tmp) / "config.json").write_text(json.dumps(shape["model_config"]))
-            spec = load_model_spec(tmp)
-            inv = load_inventory(spec, "auto")
         world = max(int(shape.get("world_size") or 1), 1)
+        path = _path(shape) if world > 1 or _path(shape) != "tp" else "plain"
         dtype = {"fp32": "fp32", "fp16": "fp16"}.get(shape.get("dtype") or "", None)
-        wl = make_workload(int(shape["batch"]), int(shape["prompt_len"]), int(shape["new_tokens"]), dtype,
-                           spec.dtype)
-        hw = make_hardware(gpus=world, gpu_memory=2**50, host_memory=2**50, detect=False)
-        mem = estimate_path(_path(shape) if world > 1 or _path(shape) != "tp" else "plain", model_shape(spec, inv),
-                            wl, hw, phases=("prefill", "decode"))
+        mem = generate_peak(shape["model_config"], path, int(shape["batch"]), int(shape["prompt_len"]),
+                            int(shape["new_tokens"]), gpus=world, dtype=dtype)
     except Exception:  # noqa: BLE001 -- an unknown architecture: no attribution, the verdict still stands
         return None
     return None if mem is None else {"path": mem.name, "peak": mem.gpu_peak_bytes, "parts": mem.gpu_breakdown,

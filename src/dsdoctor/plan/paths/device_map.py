@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from dsdoctor.plan.memory import CUBLAS_WORKSPACE, CUDA_CONTEXT, PathMemory, estimate_path, kv_bytes
+from dsdoctor.plan.loading import plain_methods
+from dsdoctor.plan.memory import CUBLAS_WORKSPACE, CUDA_CONTEXT, PathMemory, allocated
+from dsdoctor.plan.paths.base import TORCH_DTYPE, EstimatePath
+from dsdoctor.plan.paths.plain import plain_layout
+from dsdoctor.plan.shape import kv_bytes
+from dsdoctor.plan.speed import estimate_speed
 
 BALANCE_BUFFER = 1.25
 ONE_GPU_SHARE = 0.9
 HOST_SHARE = 0.9
-PAGEABLE_FACTOR = 0.35  # accelerate keeps offloaded weights in pageable memory (speed.UNPINNED_FACTOR's value)
 
 
 def units(inv, b: int) -> list[tuple[str, int, int | None]]:
@@ -66,19 +70,11 @@ def place(unit_list, gpus: int, gpu_free: int, host_free: int) -> tuple[dict, li
     return where, limits
 
 
-def estimate_device_map(shape, wl, hw) -> tuple[PathMemory, dict]:
-    inv = shape.inventory
-    b = wl.dtype_bytes
-    unit_list = units(inv, b)
-    where, limits = place(unit_list, hw.gpus, hw.gpu_memory - CUDA_CONTEXT, hw.host_memory)
-    plain = estimate_path("plain", shape, wl, dataclasses.replace(hw, gpus=1))
-    act = plain.gpu_breakdown.get("activations", 0)
-    logits = plain.gpu_breakdown.get("logits", 0)
-    final = wl.final_len
-    kv_layer = kv_bytes(shape, wl.batch, final, b, layers=1)
-    per_gpu = {g: {"weights_resident": 0, "kv_cache": 0} for g in range(hw.gpus)}
-    offloaded = 0
-    streamed = 0
+def _per_gpu(unit_list, where: dict, gpus: int, act: int, logits: int, kv_layer: int) -> tuple[dict, int]:
+    """Parts per GPU (weights placed there, the KV cache of the layers it runs, activations and logits where the
+    work runs, one offloaded layer on GPU 0 while it runs) and the offloaded bytes."""
+    per_gpu = {g: {"weights_resident": 0, "kv_cache": 0} for g in range(gpus)}
+    offloaded = streamed = 0
     for name, size, layer in unit_list:
         dev = where[name]
         run_on = dev if isinstance(dev, int) else 0
@@ -103,6 +99,20 @@ def estimate_device_map(shape, wl, hw) -> tuple[PathMemory, dict]:
         if g == 0 and streamed:
             parts["offloaded_layers"] = streamed  # one offloaded layer on GPU 0 while it runs
         peaks[g] = {k: int(v) for k, v in parts.items() if v}
+    return peaks, offloaded
+
+
+def estimate_device_map(shape, wl, hw) -> tuple[PathMemory, dict]:
+    """The fullest GPU's allocated peak (reserved left to the path) and the placement."""
+    inv = shape.inventory
+    b = wl.dtype_bytes
+    unit_list = units(inv, b)
+    where, limits = place(unit_list, hw.gpus, hw.gpu_memory - CUDA_CONTEXT, hw.host_memory)
+    plain = allocated(plain_layout(1), shape, wl)
+    act = plain.gpu_breakdown.get("activations", 0)
+    logits = plain.gpu_breakdown.get("logits", 0)
+    kv_layer = kv_bytes(shape, wl.batch, wl.final_len, b, layers=1)
+    peaks, offloaded = _per_gpu(unit_list, where, hw.gpus, act, logits, kv_layer)
     worst = max(peaks, key=lambda g: sum(peaks[g].values()))
     breakdown = peaks[worst]
     peak = sum(breakdown.values())
@@ -113,17 +123,16 @@ def estimate_device_map(shape, wl, hw) -> tuple[PathMemory, dict]:
         notes.append(f"{offloaded / 2**30:.1f} GiB of layers offloaded to the CPU, copied to GPU 0 every forward")
     if any(v == "disk" for v in where.values()):
         notes.append("some layers go to disk (offload_folder): every forward reads them")
-    mem = PathMemory("device-map", 1, 1, int(peak), int(peak * 1.02 + 64 * 2**20), CUDA_CONTEXT,
-                     0, "prefill", breakdown, host, int(sum(p.get("weights_resident", 0) for p in peaks.values())),
-                     int(offloaded), notes)
+    mem = PathMemory("device-map", 1, 1, int(peak), CUDA_CONTEXT, 0, "prefill", breakdown, host,
+                     int(sum(p.get("weights_resident", 0) for p in peaks.values())), int(offloaded), notes)
     info = {"placement": {str(k): v for k, v in where.items()}, "limits": limits, "offloaded_bytes": offloaded}
     return mem, info
 
 
-def device_map_speed(speed, mem, hw, wl, figures=None):
+def device_map_speed(speed, mem, wl, figures):
     """Sequential over the GPUs (the plain step of the whole model) plus the offloaded layers' copies, from
-    pageable host memory: at the measured pageable host-to-device rate when a profile has one."""
-    pageable = figures.h2d_pageable if figures is not None else hw.h2d_bandwidth * PAGEABLE_FACTOR
+    pageable host memory: at the machine's pageable host-to-device rate."""
+    pageable = figures.h2d_pageable
     extra = mem.gathered_bytes_per_step / pageable if mem.gathered_bytes_per_step else 0.0
     step = speed.decode_step_s + extra
     prefill = speed.prefill_s + extra
@@ -138,3 +147,28 @@ def code(model: str, dtype_name: str) -> str:
             f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={dtype_name}, device_map=\"auto\")"
             "  # one process, layers over the GPUs\n"
             "out = model.generate(**inputs.to(\"cuda:0\"), max_new_tokens=N)\n")
+
+
+class DeviceMap(EstimatePath):
+    """One process, the layers spread over the GPUs; no config setting applies."""
+    name = "device-map"
+
+    def allocated(self, ctx, wl):
+        return estimate_device_map(ctx.shape, wl, ctx.hw)[0]
+
+    def reserved(self, ctx, wl, mem):
+        return int(mem.gpu_peak_bytes * 1.02 + 64 * 2**20)  # the allocator's slack, assumed
+
+    def loading_methods(self, ctx, mem):
+        methods = plain_methods(ctx.ckpt, ctx.wl.dtype, 1, ctx.weights)[:1]
+        methods[0].method = "device-map"
+        return methods
+
+    def speed(self, ctx, mem):
+        return device_map_speed(estimate_speed(ctx.shape, ctx.wl, ctx.figures), mem, ctx.wl, ctx.figures)
+
+    def code(self, ctx, row):
+        return code(ctx.model, TORCH_DTYPE[ctx.run_dtype])
+
+    def row_notes(self, ctx):
+        return [f"placement: {len(units(ctx.shape.inventory, ctx.wl.dtype_bytes))} units over {ctx.hw.gpus} GPU(s)"]

@@ -24,7 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from dsdoctor.plan.memory import estimate_path
+from dsdoctor.plan.loading import plain_methods, zero3_methods
+from dsdoctor.plan.paths.base import TORCH_DTYPE, EstimatePath, replayed
+from dsdoctor.plan.paths.plain import plain_layout
+from dsdoctor.plan.paths.zero3 import Zero3, Zero3Offload, zero3_code, zero3_config
+from dsdoctor.plan.speed import StepTerms, estimate_speed
 
 INT8_BYTES = 1.0
 INT8_ROW_SCALE = 4  # bytes per output row
@@ -33,7 +37,6 @@ NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 INT4_GROUP_BYTES = 0.5 + 2 * 4 / 64  # int4 codes + float32 scale and minimum per group of 64
 INT8_SPEED = 0.35
 NF4_SPEED = 0.7
-QUANT_PATHS = ("bnb-int8", "bnb-nf4", "zero3-int4", "zero3-offload-int4")
 
 
 def _quantized_linears(inv):
@@ -43,10 +46,10 @@ def _quantized_linears(inv):
             and p.name.endswith("weight")]
 
 
-def bnb_estimate(name: str, shape, wl, hw):
+def bnb_estimate(name: str, plain, shape, wl):
+    """``plain``'s estimate of the same workload with the decoder's linears quantized."""
     inv = shape.inventory
     b = wl.dtype_bytes
-    plain = estimate_path("plain", shape, wl, hw)
     linears = _quantized_linears(inv)
     lin_numel = sum(p.numel for p in linears)
     if name == "bnb-int8":
@@ -79,11 +82,8 @@ def bnb_speed(speed, name: str):
                                bound="dequantization")
 
 
-def zero_int4_estimate(name: str, shape, wl, hw, knobs=None):
-    base = "zero3-offload" if "offload" in name else "zero3"
-    mem = estimate_path(base, shape, wl, hw, knobs)
-    if mem is None:
-        return None
+def zero_int4_estimate(name: str, mem, shape, wl):
+    """A ZeRO-3 estimate (``mem``) of the same workload with int4 weights."""
     inv = shape.inventory
     b = wl.dtype_bytes
     q = INT4_GROUP_BYTES / b  # stored bytes per compute-dtype byte
@@ -114,6 +114,12 @@ def ds_weight_quantization() -> dict:
     return {"quantized_initialization": {"num_bits": 4, "group_size": 64, "group_dim": 1, "symmetric": False}}
 
 
+def zero_int4_code(offload: str | None, model: str, gpus: int, dtype: str, knobs) -> tuple[dict, str]:
+    """The ZeRO-3 config with ``weight_quantization``, and the code that uses it."""
+    cfg = dict(zero3_config(offload, knobs, dtype), weight_quantization=ds_weight_quantization())
+    return cfg, zero3_code(model, gpus, dtype, cfg)
+
+
 def bnb_code(name: str, model: str, dtype_name: str, gpus: int) -> str:
     cfg = ("BitsAndBytesConfig(load_in_8bit=True)" if name == "bnb-int8" else
            f"BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_compute_dtype={dtype_name})")
@@ -124,3 +130,61 @@ def bnb_code(name: str, model: str, dtype_name: str, gpus: int) -> str:
             f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={dtype_name}, device_map=device,\n"
             f"                                             quantization_config={cfg})\n"
             "out = model.generate(**inputs, max_new_tokens=N)\n")
+
+
+class Bnb(EstimatePath):
+    """bitsandbytes weights, one replica per GPU; no config setting applies."""
+    quantized = True
+
+    def memory(self, ctx, wl, ratio=None):
+        plain = replayed(plain_layout(ctx.hw.gpus), ctx, wl)
+        return bnb_estimate(self.name, plain, ctx.shape, wl)
+
+    def loading_methods(self, ctx, mem):
+        return plain_methods(ctx.ckpt, ctx.wl.dtype, ctx.hw.gpus, ctx.weights)
+
+    def speed(self, ctx, mem):
+        return bnb_speed(estimate_speed(ctx.shape, ctx.wl, ctx.figures), self.name)
+
+    def code(self, ctx, row):
+        return bnb_code(self.name, ctx.model, TORCH_DTYPE[ctx.run_dtype], ctx.hw.gpus)
+
+
+class BnbInt8(Bnb):
+    name = "bnb-int8"
+
+
+class BnbNf4(Bnb):
+    name = "bnb-nf4"
+
+
+class Zero3Int4(EstimatePath):
+    """ZeRO-Inference int4 weights on a ZeRO-3 path the config does not select: its stage-3 tuning applies.
+    Its speed is ZeRO-3's with the offload hook figure and no host-to-device or NVMe stream, as planned
+    before the registry (the speed model keyed on the name ``zero3``)."""
+    name = "zero3-int4"
+    quantized = True
+    base = Zero3
+
+    def memory(self, ctx, wl, ratio=None):
+        knobs = ctx.stage3_only()
+        base = replayed(self.base().layout(ctx.hw.gpus, knobs), ctx, wl, knobs)
+        return zero_int4_estimate(self.name, base, ctx.shape, wl)
+
+    def loading_methods(self, ctx, mem):
+        return zero3_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, ctx.weights)
+
+    def speed(self, ctx, mem):
+        terms = StepTerms(hooks="zero3_offload_module_s", ranks=mem.ranks, moved=mem.gathered_bytes_per_step)
+        return estimate_speed(ctx.shape, ctx.wl, ctx.figures, terms)
+
+    def ds_config(self, ctx):
+        return zero_int4_code(self.base.offload, ctx.model, ctx.hw.gpus, ctx.run_dtype, ctx.stage3_only())[0]
+
+    def code(self, ctx, row):
+        return zero_int4_code(self.base.offload, ctx.model, ctx.hw.gpus, ctx.run_dtype, ctx.stage3_only())[1]
+
+
+class Zero3OffloadInt4(Zero3Int4):
+    name = "zero3-offload-int4"
+    base = Zero3Offload

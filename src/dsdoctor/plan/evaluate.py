@@ -1,0 +1,66 @@
+"""One path of a plan turned into its result row: memory, the loading method that fits the host, speed,
+whether it fits, and the largest batch and prompt that would."""
+from __future__ import annotations
+
+import dataclasses
+
+from dsdoctor.plan.loading import apply_loading
+from dsdoctor.plan.memory import PathMemory
+from dsdoctor.plan.paths import LoadPath, PlanContext
+from dsdoctor.plan.result import PathPlan
+
+MAX_BATCH_SEARCH = 4096
+MAX_CONTEXT = 131072  # the longest prompt searched when the model states no limit
+
+
+def fits(mem: PathMemory, hw) -> tuple[bool, list]:
+    """Whether the path fits, and what it does not fit (gpu: reserved + outside the allocator; host)."""
+    limits = []
+    if mem.gpu_reserved_bytes + mem.gpu_outside_allocator_bytes > hw.gpu_memory:
+        limits.append("gpu")
+    if mem.host_peak_bytes > hw.host_memory:
+        limits.append("host")
+    return not limits, limits
+
+
+def largest(fits_at, low: int, high: int) -> int | None:
+    """Largest value in [low, high] for which fits_at(value) holds (monotone), or None."""
+    if not fits_at(low):
+        return None
+    if fits_at(high):
+        return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits_at(mid) else (low, mid)
+    return low
+
+
+def what_fits(path: LoadPath, ctx: PlanContext, mem: PathMemory, method) -> tuple[int | None, int | None]:
+    """The largest batch and the longest prompt that fit with the loading method chosen; the estimates reuse
+    this workload's reserved/allocated ratio (where the path takes it) instead of replaying the allocator."""
+    wl, hw = ctx.wl, ctx.hw
+    ratio = mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1)
+
+    def fits_with(**change) -> bool:
+        m = path.memory(ctx, dataclasses.replace(wl, **change), ratio=ratio)
+        if method is not None:
+            apply_loading(m, [method], hw.host_memory)
+        return fits(m, hw)[0]
+
+    max_ctx = (ctx.pos_limit or MAX_CONTEXT) - wl.new_tokens
+    max_ctx = max(max_ctx, wl.prompt_len) if ctx.hard_limit is None else max_ctx
+    return (largest(lambda v: fits_with(batch=v), 1, MAX_BATCH_SEARCH),
+            largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1)))
+
+
+def evaluate(path: LoadPath, ctx: PlanContext) -> PathPlan | None:
+    """The row of ``path`` for the planned workload; None when it does not apply."""
+    mem = path.memory(ctx, ctx.wl)
+    if mem is None:
+        return None
+    methods = path.loading_methods(ctx, mem)
+    method = apply_loading(mem, methods, ctx.hw.host_memory)[0] if methods else None
+    speed = path.speed(ctx, mem)
+    fit = fits(mem, ctx.hw)
+    searched = what_fits(path, ctx, mem, method) if path.searched else (None, None)
+    return path.row(ctx, mem, speed, fit, method, methods, searched)

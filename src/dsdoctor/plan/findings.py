@@ -1,0 +1,139 @@
+"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD221 (their texts: ``plan/rules.json``)."""
+from __future__ import annotations
+
+from dsdoctor.findings import Finding
+from dsdoctor.plan.memory import TRAINING_PARTS
+from dsdoctor.plan.positions import encoding
+from dsdoctor.units import human_bytes
+
+_ENCODING_ZH = {"rotary": "RoPE", "alibi": "ALiBi"}
+FRAGMENTATION_FINDING = 0.15
+
+
+def config_findings(plans, chosen, knobs, config_path, hw, figures, profile=None) -> list[Finding]:
+    """DSD205 (what was assumed), DSD202 (nothing fits), and what the config costs: DSD201, DSD203, DSD204, DSD206."""
+    out: list[Finding] = []
+    by = {p.name: p for p in plans}
+    assumed = list(hw.assumed)
+    if profile is not None:  # what the profile measured is no longer assumed
+        if "h2d_pinned" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("h2d_bandwidth")]
+        if "hbm_weight_read" in profile.measured and "matmul_flops" in profile.measured:
+            assumed = [a for a in assumed if not a.startswith("bandwidths of")]
+    if figures.assumed:
+        assumed.append("speed figures " + ", ".join(figures.assumed)
+                       + (" (run dsdoctor calibrate)" if profile is None else " (not in the machine profile)"))
+    if assumed:
+        out.append(Finding("DSD205", {"assumed": "; ".join(assumed)}))
+    if chosen is None and plans:
+        smallest = min(plans, key=lambda p: (p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes))
+        out.append(Finding("DSD202", {
+            "path": smallest.name, "need": human_bytes(smallest.gpu_reserved_bytes + smallest.gpu_outside_allocator_bytes),
+            "capacity": human_bytes(hw.gpu_memory), "host_need": human_bytes(smallest.host_peak_bytes),
+            "host_capacity": human_bytes(hw.host_memory)}))
+    if knobs is None:
+        return out
+    cp = by.get(config_path) if config_path else None
+    if knobs.has_optimizer and cp is not None:
+        gpu_cost = sum(v for k, v in cp.breakdown.items() if k in TRAINING_PARTS)
+        host_cost = sum(v for k, v in cp.host_breakdown.items() if k in TRAINING_PARTS)
+        out.append(Finding("DSD203", {"gpu_cost": human_bytes(gpu_cost), "host_cost": human_bytes(host_cost)}))
+    if cp is not None and "gpu" in cp.limits:
+        need = human_bytes(cp.gpu_reserved_bytes + cp.gpu_outside_allocator_bytes)
+        out.append(Finding("DSD204", {"path": cp.name, "need": need,
+                                      "capacity": human_bytes(hw.gpu_memory),
+                                      "recommended": chosen.name if chosen else "none"}))
+    plain = by.get("plain")
+    if cp is not None and plain is not None and plain.fits:
+        speedup = plain.tokens_per_s / cp.tokens_per_s if cp.tokens_per_s else float("inf")
+        out.append(Finding("DSD201", {"plain_peak": human_bytes(plain.gpu_peak_bytes),
+                                      "capacity": human_bytes(hw.gpu_memory), "speedup": f"{speedup:.1f}",
+                                      "config_path": cp.name}))
+    if config_path == "zero3-offload" and not knobs.offload_param_pin_memory and cp is not None:
+        pinned = cp.host_breakdown.get("offloaded_params", 0)
+        factor = figures.h2d_pinned / figures.h2d_pageable
+        out.append(Finding("DSD206", {"moved": human_bytes(cp.host_breakdown.get("offloaded_params", 0) / max(cp.ranks, 1)),
+                                      "slowdown": f"{factor:.1f}", "pinned": human_bytes(pinned * 2)}))
+    return out
+
+
+def path_findings(spec, wl, hw, chosen, pos_limit, hard, run_dtype, capability) -> list[Finding]:
+    """DSD210 (past the positions), DSD211 (no bf16 on this GPU), DSD212 (the loading method decides), DSD213
+    (an estimate chosen), DSD214 (approximate counts)."""
+    out: list[Finding] = []
+    total = wl.prompt_len + wl.new_tokens
+    if pos_limit and hard is None and total > pos_limit:
+        out.append(Finding("DSD210", {"total": total, "limit": pos_limit,
+                                      "encoding": _ENCODING_ZH.get(encoding(spec.raw), encoding(spec.raw))}))
+    if run_dtype != wl.dtype:
+        out.append(Finding("DSD211", {"gpu": hw.gpu_name or "the GPU", "capability": f"{capability:.1f}"}))
+    if chosen is not None and chosen.loading_options and chosen.loading:
+        first = chosen.loading_options[0]
+        if first["method"] != chosen.loading:
+            mine = next(m for m in chosen.loading_options if m["method"] == chosen.loading)
+            out.append(Finding("DSD212", {"path": chosen.name, "method": chosen.loading,
+                                          "method_peak": human_bytes(mine["peak_bytes"]),
+                                          "host": human_bytes(hw.host_memory), "default": first["method"],
+                                          "default_peak": human_bytes(first["peak_bytes"])}))
+    if chosen is not None and chosen.estimate:  # the table marks the others with ~
+        out.append(Finding("DSD213", {"paths": chosen.name}))
+    if spec.counted_by == "formula-approx":
+        out.append(Finding("DSD214", {"model_type": spec.model_type, "count": f"{spec.num_params / 1e9:.2f}B"}))
+    return out
+
+
+def loop_findings(plans: list) -> list[Finding]:
+    """DSD207 (gather-once against ZeRO-3 generate), DSD208 (gather-once does not fit), DSD209 (ZeRO-2 fits)."""
+    by = {p.name: p for p in plans}
+    once, z3, z2 = by.get("zero3-gather-once"), by.get("zero3"), by.get("zero2")
+    out = []
+    if once is not None and z3 is not None:
+        need = human_bytes(once.gpu_reserved_bytes + once.gpu_outside_allocator_bytes)
+        if once.fits:
+            out.append(Finding("DSD207", {
+                "once_tps": f"{once.tokens_per_s:.0f}", "z3_tps": f"{z3.tokens_per_s:.0f}",
+                "speedup": f"{once.tokens_per_s / z3.tokens_per_s:.1f}" if z3.tokens_per_s else "?",
+                "once_peak": human_bytes(once.gpu_peak_bytes), "z3_peak": human_bytes(z3.gpu_peak_bytes),
+                "extra": human_bytes(max(once.gpu_peak_bytes - z3.gpu_peak_bytes, 0))}))
+        else:
+            out.append(Finding("DSD208", {"need": need, "limits": ", ".join(once.limits) or "gpu",
+                                          "z3_peak": human_bytes(z3.gpu_peak_bytes)}))
+    if z2 is not None and z2.fits:
+        out.append(Finding("DSD209", {"peak": human_bytes(z2.gpu_peak_bytes), "tps": f"{z2.tokens_per_s:.0f}",
+                                      "gpus": z2.ranks}))
+    return out
+
+
+def fragmentation_findings(plans, chosen, config_path, with_expandable=None) -> list[Finding]:
+    """DSD220 for the config's path and the recommended one, when reserved exceeds allocated by more than
+    15%. ``with_expandable(name)``: the reserved bytes of that path under expandable segments."""
+    out = []
+    for p in plans:
+        if p.name not in (config_path, chosen.name if chosen else None):
+            continue
+        frag = p.gpu_reserved_bytes - p.gpu_peak_bytes
+        if p.gpu_peak_bytes and frag > FRAGMENTATION_FINDING * p.gpu_peak_bytes:
+            exp = with_expandable(p.name) if with_expandable else None
+            out.append(Finding("DSD220", {"path": p.name, "reserved": human_bytes(p.gpu_reserved_bytes),
+                                          "allocated": human_bytes(p.gpu_peak_bytes),
+                                          "pct": f"{100 * frag / p.gpu_peak_bytes:.0f}",
+                                          "reserved_expandable": human_bytes(exp) if exp else "-"}))
+    return out
+
+
+def machine_findings(profile, machine) -> list[Finding]:
+    """DSD221 when a profile given explicitly was measured on other hardware than this machine's."""
+    if profile is None or machine is None:
+        return []
+    from dsdoctor.calibrate.profile import fingerprint, machine_description  # reads the machine: when asked
+
+    here = machine_description()
+    if not here.get("gpus") or fingerprint(here) == profile.fingerprint:
+        return []  # no GPU here: planning for another machine is what --machine is for
+
+    def describe(m):
+        g = m.get("gpus") or []
+        return f"{len(g)} x {g[0]['name']}" if g else "no GPU"
+
+    return [Finding("DSD221", {"source": profile.source or "given", "profile_machine": describe(profile.machine),
+                               "date": profile.date, "this_machine": describe(here)})]
