@@ -219,13 +219,3 @@ def test_bf16_follows_capability():
     assert run_dtype("bf16", 7.0) == "fp16" and run_dtype("bf16", 8.0) == "bf16" and run_dtype("bf16", None) == "bf16"
     assert run_dtype("fp32", 7.0) == "fp32"
 
-
-def test_same_answers_as_the_two_old_tables():
-    from dsdoctor.config.gpu import bf16_supported, capability_of
-    from dsdoctor.plan.hardware import _row
-
-    for name, *_ in NAMES:
-        facts, row = gpu_facts(name), _row(name)
-        assert (facts.capability, facts.bf16) == (capability_of(name), bf16_supported(name)), name
-        assert (facts.hbm_bandwidth, facts.gpu_gpu_bandwidth, facts.h2d_bandwidth, facts.flops) == row[1:], name
-        assert facts.generic_speeds is (not row[0]), name

@@ -6,7 +6,6 @@ import json
 
 from dsdoctor.config import rules_configs  # noqa: F401  (registers DSD120-DSD131)
 from dsdoctor.config.effective import AUTO, Effective, _as_bool, _as_int
-from dsdoctor.config.gpu import bf16_supported, this_machine_gpu
 from dsdoctor.config.inference_config import InferenceSettings
 from dsdoctor.config.load import LoadedConfig
 from dsdoctor.config.runner import Runner, size_from_name
@@ -21,6 +20,8 @@ from dsdoctor.config.versions import (
 )
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase
+from dsdoctor.gpus import gpu_facts
+from dsdoctor.machine import this_machine_gpu
 from dsdoctor.model.spec import ModelSpec
 from dsdoctor.units import human_bytes, human_count
 
@@ -102,7 +103,7 @@ def pick_dtype(gpu_name: str | None) -> tuple[str, Phrase]:
     if gpu_name is None:
         gpu_name = this_machine_gpu()
         source = "nvidia-smi" if gpu_name else None
-    ok = bf16_supported(gpu_name)
+    ok = gpu_facts(gpu_name).bf16
     if ok is True:
         return "bf16", Phrase("bf16-gpu", {"gpu": gpu_name, "source": source})
     if ok is False:

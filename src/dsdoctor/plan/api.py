@@ -12,6 +12,9 @@ import os
 
 from dsdoctor.calibrate import rules as _calibrate_rules  # noqa: F401  (registers DSD22x)
 from dsdoctor.findings import Finding
+from dsdoctor.gpus import gpu_facts
+from dsdoctor.gpus import run_dtype as _dtype_for_gpu
+from dsdoctor.machine import gpu_capability
 from dsdoctor.model.inventory import apply_to_spec, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import loop as plan_loop
@@ -20,8 +23,6 @@ from dsdoctor.plan import rules  # noqa: F401  (registers DSD2xx)
 from dsdoctor.plan.ds_knobs import DsKnobs, load_knobs
 from dsdoctor.plan.emit import code_for_plan
 from dsdoctor.plan.extra_paths import extra_paths
-from dsdoctor.plan.gpu_caps import capability_of, detect_capability
-from dsdoctor.plan.gpu_caps import run_dtype as _dtype_for_gpu
 from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.loading import apply_loading, find_checkpoint, methods_for
 from dsdoctor.plan.memory import PATHS, estimate_path, model_shape
@@ -95,9 +96,9 @@ def _choose_tiered(plans: list) -> tuple:
 
 def _run_dtype(dtype: str, hw) -> tuple[str, float | None]:
     """The dtype the emitted config and code use on this GPU, and the GPU's compute capability."""
-    capability = capability_of(hw.gpu_name)
+    capability = gpu_facts(hw.gpu_name).capability
     if capability is None and "gpus" in hw.detected:
-        capability = detect_capability()
+        capability = gpu_capability()
     return _dtype_for_gpu(dtype, capability), capability
 
 
