@@ -15,7 +15,8 @@ from dsdoctor.findings import Finding
 from dsdoctor.gpus import gpu_facts
 from dsdoctor.gpus import run_dtype as _dtype_for_gpu
 from dsdoctor.machine import gpu_capability
-from dsdoctor.model.inventory import apply_to_spec, from_formula
+from dsdoctor.model.formulas import from_formula
+from dsdoctor.model.inventory import apply_to_spec
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan import loop as plan_loop
 from dsdoctor.plan import recommend as rec
