@@ -18,6 +18,7 @@ from dsdoctor.config.versions import (
     TRANSFORMERS_INT_PREFETCH,
     Versions,
 )
+from dsdoctor.dtypes import TORCH_NAMES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase
 from dsdoctor.gpus import gpu_facts
@@ -130,7 +131,7 @@ def init_inference_findings(settings: InferenceSettings, spec: ModelSpec | None,
             note, sev = Phrase("model-unknown"), "info"
         want = md if md in ("bf16", "fp16", "fp32") else "bf16"
         f = Finding("DSD125", {"model_note": note, "dtype": want,
-                               "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[want]})
+                               "torch_dtype": TORCH_NAMES[want]})
         f.severity = sev
         out.append(f)
     return out

@@ -12,22 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsdoctor import inputs
+from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.model.formulas import estimate_params, falcon_kv_heads, tied
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-_DTYPE_NAMES = {
-    "float32": "fp32", "float": "fp32", "fp32": "fp32",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float16": "fp16", "half": "fp16", "fp16": "fp16",
-}
-
-
-def normalize_dtype(name: str | None) -> str | None:
-    if name is None:
-        return None
-    key = str(name).replace("torch.", "").lower()
-    return _DTYPE_NAMES.get(key)
 
 
 @dataclass
