@@ -34,7 +34,9 @@ GENERIC = (2.0e12, 200e9, 25e9, 300e12)  # a generic data-center GPU, for names 
 # (None: the generic ones). First match wins: a fragment comes before any shorter one it contains ("L40S"
 # before "L40" before "L4", "H100 PCIE" before "H100", "RTX 6000 ADA" before "RTX 6000").
 _GPUS: tuple[tuple[str, float | None, bool | None, tuple | None], ...] = (
-    ("RTX 6000 ADA", 8.9, None, None), ("RTX A100", 8.6, None, _A100), ("RTX A10", 8.6, None, _A10), ("RTX A", 8.6, None, None),
+    ("RTX 6000 ADA", 8.9, None, None),
+    ("RTX A100", 8.6, None, _A100), ("RTX A10", 8.6, None, _A10),  # RTX A1000: A100 figures (it contains "A100")
+    ("RTX A", 8.6, None, None),
     ("ADA", 8.9, None, None), ("QUADRO RTX", 7.5, None, None), ("RTX 6000", 7.5, None, None),
     ("RTX 8000", 7.5, None, None), ("TITAN V", 7.0, None, None), ("TITAN RTX", 7.5, None, None),
     ("RTX 20", 7.5, None, None), ("GTX 16", 7.5, None, None), ("GTX 10", 6.1, None, None),
