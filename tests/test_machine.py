@@ -27,3 +27,15 @@ def test_broken_nvidia_smi_means_no_gpus(tmp_path, monkeypatch):
 
 def test_host_memory_from_proc_meminfo():
     assert meminfo()["MemTotal"] == detect_host_memory() > 2**30
+
+
+def test_first_gpu_name_and_compute_capability(tmp_path, monkeypatch):
+    from dsdoctor.machine import gpu_capability, this_machine_gpu
+
+    _fake_smi(tmp_path, monkeypatch, "0, Tesla V100-SXM2-32GB, 32768\n1, NVIDIA H200, 143771")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert this_machine_gpu() == "NVIDIA H200"
+    _fake_smi(tmp_path, monkeypatch, "9.0\n7.0")
+    assert gpu_capability() == 9.0
+    _fake_smi(tmp_path, monkeypatch, "Field \"compute_cap\" is not a valid field to query.", rc=2)
+    assert gpu_capability() is None and this_machine_gpu() is None

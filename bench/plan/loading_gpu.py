@@ -201,7 +201,7 @@ def predicted(case: str, directory: str, size: str, ckpt=None) -> dict:
     """plan's prediction for a case; ``ckpt`` (a ``loading.Checkpoint``) when the directory holds only the
     config (re-estimation), else read from the directory."""
     sys.path.insert(0, os.path.join(ROOT, "src"))
-    from dsdoctor.model.inventory import from_formula
+    from dsdoctor.model.formulas import from_formula
     from dsdoctor.model.spec import load_model_spec
     from dsdoctor.plan import loading
 

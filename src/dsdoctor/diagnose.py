@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
@@ -327,7 +328,7 @@ class Captured:
                 (directory / "config.json").write_text(to_json(saved), encoding="utf-8")
                 c.model_dir, c.model_class, c.num_params = directory, m.get("model_class"), m.get("num_params")
                 c.encoder_decoder = bool(m.get("is_encoder_decoder"))
-                c.dtype = _DTYPES.get(str(m.get("param_dtype")))
+                c.dtype = normalize_dtype(str(m.get("param_dtype")))
             if c.workload is None and r.workload:
                 c.workload = r.workload
             c.world_size = c.world_size or r.world_size
@@ -362,9 +363,6 @@ class Captured:
     def model_text(self) -> str:
         n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
         return f"captured from the run: {self.model_class or 'model'}, {n}"
-
-
-_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _unreadable_model(directory: Path) -> str | None:

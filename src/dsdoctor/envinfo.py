@@ -7,9 +7,9 @@ import os
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 
 from dsdoctor._version import __version__
+from dsdoctor.config.versions import installed
 from dsdoctor.machine import Gpu, meminfo, nvidia_smi_gpus
 from dsdoctor.proctree import SHM_DIR, leaked_deepspeed_shm
 from dsdoctor.report.render import markdown_table
@@ -71,13 +71,6 @@ class EnvResult:
         return markdown_table(("", ""), self._rows()) + "".join(f"\n- {n}" for n in self.notes) + "\n"
 
 
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def env(check_ops: bool = True) -> EnvResult:
     """Collect versions and hardware. ``check_ops`` imports DeepSpeed to ask which ops can JIT-build."""
     mem = meminfo()
@@ -85,7 +78,7 @@ def env(check_ops: bool = True) -> EnvResult:
         dsdoctor=__version__,
         python=sys.version.split()[0],
         platform=platform.platform(),
-        packages={name: _version(name) for name in PACKAGES},
+        packages={name: installed(name) for name in PACKAGES},
         host_memory_bytes=mem.get("MemTotal"),
         host_memory_available_bytes=mem.get("MemAvailable"),
         cpu_count=os.cpu_count(),

@@ -1,5 +1,7 @@
 """What this machine has, read without importing torch: GPUs from nvidia-smi, memory from /proc/meminfo.
-Used by ``plan`` (hardware defaults) and ``env`` (the bug-report block)."""
+The one reader of this machine's GPUs: ``plan`` (hardware defaults, compute capability), ``check`` (the GPU
+whose bf16 decides the dtype), ``env`` (the bug-report block) and ``calibrate`` (the profile's fingerprint).
+What a GPU is by its name is ``dsdoctor.gpus``'s job."""
 from __future__ import annotations
 
 import os
@@ -55,3 +57,23 @@ def nvidia_smi_gpus(respect_visible: bool = True) -> list[Gpu]:
         if all(v.isdigit() for v in ids):
             gpus = [g for g in gpus if str(g.index) in ids]
     return gpus
+
+
+def this_machine_gpu() -> str | None:
+    """The name of the first visible GPU, or None."""
+    gpus = nvidia_smi_gpus()
+    return gpus[0].name if gpus else None
+
+
+def gpu_capability() -> float | None:
+    """The first GPU's compute capability from ``nvidia-smi --query-gpu=compute_cap``, or None (a separate
+    query: drivers older than the ``compute_cap`` field fail it, and must still list their GPUs)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        proc = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=20)
+        return float(proc.stdout.split()[0]) if proc.returncode == 0 and proc.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

@@ -15,6 +15,7 @@ import ctypes
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -339,6 +340,13 @@ def _has_tag(pid: int, tag: str) -> bool:
             return f"{RUN_TAG_VAR}={tag}".encode() in fh.read().split(b"\0")
     except OSError:
         return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a launched run's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def contained_run() -> ContainedRun:

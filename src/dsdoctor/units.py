@@ -1,4 +1,4 @@
-"""Byte sizes: parse '80GiB', '5GB', '1.5e9'; print 12.3 GiB."""
+"""Byte sizes: parse '80GiB', '5GB', '1.5e9'; print 12.3 GiB, 7.07B (a count), 1.25s."""
 from __future__ import annotations
 
 import re
@@ -42,3 +42,7 @@ def human_count(n: float | int | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.2f}{suffix}"
     return str(int(n))
+
+
+def human_seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}s"

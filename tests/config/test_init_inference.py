@@ -142,9 +142,9 @@ def test_dtype_spellings_match_deepspeed():
                                      ("Tesla T4", False), ("NVIDIA GeForce RTX 4090", True), ("Quadro RTX 6000", False),
                                      ("NVIDIA RTX A6000", True), ("NVIDIA L4", True), ("Some Future GPU", None)])
 def test_bf16_by_gpu_name(name, ok):
-    from dsdoctor.config.gpu import bf16_supported
+    from dsdoctor.gpus import gpu_facts
 
-    assert bf16_supported(name) is ok
+    assert gpu_facts(name).bf16 is ok
 
 
 @pytest.mark.parametrize("name,cap", [("Tesla V100-SXM2-32GB", 7.0), ("NVIDIA GeForce RTX 3060", 8.6),
@@ -153,9 +153,8 @@ def test_bf16_by_gpu_name(name, ok):
                                       ("AMD Instinct MI300X", None), ("Some Future GPU", None)])
 def test_one_gpu_table_for_check_and_plan(name, cap):
     """check's bf16 and plan's compute capability come from one table and never disagree."""
-    from dsdoctor.config.gpu import bf16_supported
-    from dsdoctor.plan.gpu_caps import capability_of, has_bf16
+    from dsdoctor.gpus import gpu_facts, has_bf16
 
-    assert capability_of(name) == cap
+    assert gpu_facts(name).capability == cap
     if cap is not None:
-        assert bf16_supported(name) is has_bf16(cap)
+        assert gpu_facts(name).bf16 is has_bf16(cap)

@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from dsdoctor.model.formulas import BUILDERS, EXACT_TYPES
-from dsdoctor.model.inventory import from_formula
+from dsdoctor.model.formulas import BUILDERS, EXACT_TYPES, from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan.api import plan
 from tests.helpers import ROOT
@@ -54,7 +53,7 @@ def test_unknown_architecture_is_marked_approximate(tmp_path):
 
 
 def test_formulas_import_no_torch():
-    code = ("import sys; from dsdoctor.model.spec import load_model_spec; from dsdoctor.model.inventory import "
+    code = ("import sys; from dsdoctor.model.spec import load_model_spec; from dsdoctor.model.formulas import "
             f"from_formula; from_formula(load_model_spec({str(CONFIGS[0])!r})); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

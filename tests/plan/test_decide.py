@@ -5,7 +5,7 @@ import pytest
 
 from dsdoctor.errors import InputError
 from dsdoctor.findings import exit_code
-from dsdoctor.model.inventory import from_formula
+from dsdoctor.model.formulas import from_formula
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.plan.api import plan
 from dsdoctor.plan.ds_knobs import knobs_from_dict, load_knobs

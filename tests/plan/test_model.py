@@ -6,8 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from dsdoctor.model.exact import exact_inventory  # noqa: E402
-from dsdoctor.model.inventory import from_formula  # noqa: E402
+from dsdoctor.model.exact import count_parameters, exact_inventory  # noqa: E402
+from dsdoctor.model.formulas import from_formula  # noqa: E402
 from dsdoctor.model.spec import load_model_spec  # noqa: E402
 from dsdoctor.plan.api import load_inventory  # noqa: E402
 from dsdoctor.plan.shape import kv_bytes, model_shape  # noqa: E402
@@ -54,6 +54,7 @@ def test_exact_count_equals_real_model(arch):
     inv = exact_inventory(cfg)
     assert inv is not None and inv.counted_by == "meta"
     assert inv.num_params == real
+    assert count_parameters(model) == real  # the count a traced run records
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "llama-mqa-tied", "qwen2-bias", "mistral-window"])

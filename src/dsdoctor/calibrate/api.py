@@ -9,13 +9,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib import metadata
 
 from dsdoctor.calibrate.profile import (
     FIGURES,
@@ -25,26 +23,15 @@ from dsdoctor.calibrate.profile import (
     machine_description,
     save_profile,
 )
+from dsdoctor.config.versions import installed
 from dsdoctor.errors import InputError
 from dsdoctor.i18n import message_table, pick
+from dsdoctor.proctree import free_port
 from dsdoctor.units import human_bytes
 
 BUDGET_S = 60.0
 
 TEXT = message_table("calibrate.api.TEXT")  # the words of the rendered calibration
-
-
-def _version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -189,7 +176,7 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
                 measured[f"eager_layer_s_b{b}"] = r[b]["layer_s"]
                 measured[f"eager_token_s_b{b}"] = r[b]["token_s"]
             measured["_eager"] = {str(k): v for k, v in r.items()}
-        if _version("deepspeed") is None:
+        if installed("deepspeed") is None:
             missing["zero3_module_s"] = missing["zero3_offload_module_s"] = "DeepSpeed is not installed"
         else:
             _single_rank_env()
@@ -240,8 +227,8 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
         if len(smi) == len(gpus):  # nvidia-smi's names, so that plan (no torch) computes the same fingerprint
             gpus = smi
     machine = machine_description(gpus)
-    software = {"torch": _version("torch"), "transformers": _version("transformers"),
-                "deepspeed": _version("deepspeed"), "cuda": getattr(getattr(torch, "version", None), "cuda", None),
+    software = {"torch": installed("torch"), "transformers": installed("transformers"),
+                "deepspeed": installed("deepspeed"), "cuda": getattr(getattr(torch, "version", None), "cuda", None),
                 "details": json.loads(json.dumps(details, default=str))}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     profile = MachineProfile(fingerprint(machine), machine, now, measured, missing, software,
@@ -260,7 +247,7 @@ def _single_rank_env():
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def _collectives(world: int, left_s: float) -> dict:
@@ -270,7 +257,7 @@ def _collectives(world: int, left_s: float) -> dict:
         for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-               "--master_port", str(_free_port()), "-m", "dsdoctor.calibrate.nccl_worker", out]
+               "--master_port", str(free_port()), "-m", "dsdoctor.calibrate.nccl_worker", out]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(left_s, 20))
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"NCCL workers exited {proc.returncode}: {proc.stderr.strip()[-300:]}")

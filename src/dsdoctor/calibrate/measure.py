@@ -11,6 +11,8 @@ import statistics
 import tempfile
 import time
 
+from dsdoctor.model.exact import count_parameters
+
 MiB = 1024**2
 
 
@@ -257,7 +259,7 @@ def zero3_hook_cost(offload: bool = False, layers: int = 4) -> dict:
         plain = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     modules = _hooked(plain)
     params = sum(1 for _ in plain.parameters())
-    nbytes = sum(p.numel() for p in plain.parameters()) * 2
+    nbytes = count_parameters(plain) * 2
     zero = {"stage": 3}
     if offload:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}

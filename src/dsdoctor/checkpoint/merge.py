@@ -19,6 +19,7 @@ from pathlib import Path
 from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import build_plan, read_states
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
+from dsdoctor.dtypes import TORCH_NAMES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
@@ -31,8 +32,7 @@ from dsdoctor.report.render import (
 )
 from dsdoctor.units import human_bytes, human_count, parse_bytes
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
-          "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPES = {**TORCH_NAMES, **{name: name for name in TORCH_NAMES.values()}}  # --dtype: short or torch's name
 # files next to the weights that from_pretrained / AutoTokenizer read
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "vocab.txt",

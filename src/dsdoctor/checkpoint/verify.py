@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
+from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.i18n import message_table, pick
@@ -192,7 +193,7 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
         off = sorted({e.dtype for e in floats if e.dtype != want_dtype})
         if off:
             count = sum(1 for e in floats if e.dtype != want_dtype)
-            short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(want_dtype, want_dtype)
+            short = normalize_dtype(want_dtype) or want_dtype
             findings.append(Finding("DSD406", {"count": count, "found": "/".join(off), "expected": want_dtype,
                                                "expected_short": short}))
 

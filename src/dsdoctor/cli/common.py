@@ -52,7 +52,7 @@ def add_out_flag(p, default: str | None, what: str, *, required: bool = False, m
 
 
 def dtype_name(text: str) -> str:
-    from dsdoctor.model.spec import normalize_dtype
+    from dsdoctor.dtypes import normalize_dtype
 
     name = normalize_dtype(text)
     if name is None:

@@ -14,11 +14,12 @@ from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
 from dsdoctor.compare.prompts import default_prompts, load_prompts
 from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
+from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.i18n import message_table, pick
-from dsdoctor.model.spec import load_model_spec, normalize_dtype
+from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
 
 PROBE_COUNT = 64

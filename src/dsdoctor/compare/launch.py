@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsdoctor.compare.runner import MULTI_RANK
-from dsdoctor.proctree import contained_run, terminate_tree
+from dsdoctor.proctree import contained_run, free_port, terminate_tree
 
 LOG_TAIL_LINES = 25
 
@@ -29,12 +28,6 @@ class LaunchOutcome:
     log: str  # path of the worker log ("" for in-process runs)
     error: str = ""  # one line: why it failed
     log_tail: str = ""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deepspeed_launcher() -> str | None:

@@ -17,10 +17,11 @@ from dsdoctor.config.runner import Runner, detect_runner
 from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
 from dsdoctor.config.split_table import TRAINING_ONLY
 from dsdoctor.config.versions import Versions, resolve_versions
+from dsdoctor.dtypes import DTYPE_BYTES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
-from dsdoctor.model.spec import DTYPE_BYTES, ModelSpec, load_model_spec
+from dsdoctor.model.spec import ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 from dsdoctor.zero_costs import HOST_BYTES_PER_SHARD_ELEMENT, optimizer_cost

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from dsdoctor.config.effective import AUTO, Effective, _as_bool, _as_int
-from dsdoctor.config.gpu import bf16_supported, this_machine_gpu
 from dsdoctor.config.inference_config import InferenceSettings
 from dsdoctor.config.load import LoadedConfig
 from dsdoctor.config.runner import Runner, size_from_name
@@ -18,8 +17,11 @@ from dsdoctor.config.versions import (
     TRANSFORMERS_INT_PREFETCH,
     Versions,
 )
+from dsdoctor.dtypes import TORCH_NAMES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase
+from dsdoctor.gpus import gpu_facts
+from dsdoctor.machine import this_machine_gpu
 from dsdoctor.model.spec import ModelSpec
 from dsdoctor.units import human_bytes, human_count
 
@@ -101,7 +103,7 @@ def pick_dtype(gpu_name: str | None) -> tuple[str, Phrase]:
     if gpu_name is None:
         gpu_name = this_machine_gpu()
         source = "nvidia-smi" if gpu_name else None
-    ok = bf16_supported(gpu_name)
+    ok = gpu_facts(gpu_name).bf16
     if ok is True:
         return "bf16", Phrase("bf16-gpu", {"gpu": gpu_name, "source": source})
     if ok is False:
@@ -128,7 +130,7 @@ def init_inference_findings(settings: InferenceSettings, spec: ModelSpec | None,
             note, sev = Phrase("model-unknown"), "info"
         want = md if md in ("bf16", "fp16", "fp32") else "bf16"
         f = Finding("DSD125", {"model_note": note, "dtype": want,
-                               "torch_dtype": {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[want]})
+                               "torch_dtype": TORCH_NAMES[want]})
         f.severity = sev
         out.append(f)
     return out

@@ -71,6 +71,8 @@ def _dist_info_versions() -> dict[str, str]:
 
 
 def installed(name: str, _cache: dict = {}) -> str | None:  # noqa: B006 - a per-process cache
+    """The installed version of the distribution ``name``, or None: the one reader of installed versions
+    (``check``'s version rules, ``env``, ``calibrate``'s profile)."""
     if "all" not in _cache:
         _cache["all"] = _dist_info_versions()
     if name in _cache["all"]:

@@ -1,7 +1,10 @@
 """Exact parameter counts: build the model on the meta device with transformers (no memory, no weights).
 
-Imported lazily (torch and transformers are heavy). Never runs remote code: only architectures that
-transformers itself ships are built; anything else returns None and the caller keeps the formula.
+The one owner of counting a live torch model's parameters: ``inventory_of_module`` (every tensor) and
+``count_parameters`` (the total, also for a ZeRO-3 partitioned model inside a traced run). This module
+imports no torch itself: the functions that build import torch and transformers (heavy) when called. Never
+runs remote code: only architectures that transformers itself ships are built; anything else returns None and
+the caller keeps the formula.
 """
 from __future__ import annotations
 
@@ -30,6 +33,12 @@ def build_meta_model(raw_config: dict):
                 return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
         return None
+
+
+def count_parameters(model) -> int:
+    """Elements of every parameter tensor of ``model``, tied weights once; a ZeRO-3 partitioned parameter
+    counts whole (``ds_numel``), not the rank's shard."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
 def inventory_of_module(model, counted_by: str = "meta") -> Inventory:

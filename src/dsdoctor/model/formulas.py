@@ -4,6 +4,10 @@ Each builder lists the tensors transformers 5 registers for that ``model_type`` 
 registration, tied lm_head, biases and norms), so ``--counts formula`` matches the meta-device count
 exactly (``tests/model/test_formulas.py`` builds both for public configs). An architecture without a
 builder gets the Llama-style formula, marked ``formula-approx``.
+
+The one owner of parameter counts from config.json: ``from_formula`` (every tensor, for ``plan``) and
+``estimate_params`` (the totals every ``ModelSpec`` carries, for ``check`` and ``split``). A live torch
+model is counted by ``dsdoctor.model.exact``.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dsdoctor.model.inventory import Inventory, Param, kind_of, layer_of
 
 # transformers' config defaults for tie_word_embeddings where they are True
 TIE_DEFAULT_TRUE = {"gemma", "gemma2", "gpt2", "bloom", "falcon", "mpt", "opt", "starcoder2", "gpt_bigcode"}
-LLAMA_EXACT = {"llama", "mistral", "mixtral", "qwen2"}  # the Llama formula (inventory.from_formula) is exact
+LLAMA_EXACT = {"llama", "mistral", "mixtral", "qwen2"}  # the Llama-style builder (_llama) is exact
 
 
 def text_config(raw: dict) -> dict:
@@ -308,7 +312,78 @@ BUILDERS = {
 EXACT_TYPES = LLAMA_EXACT | set(BUILDERS)
 
 
-def formula_inventory(spec) -> Inventory | None:
-    """The exact formula inventory for ``spec.model_type``, or None when there is no builder for it."""
+def _llama(spec) -> Inventory:
+    """A Llama-style decoder (gated MLP, RMSNorm, optional q/k/v bias, optional experts): exact for the Llama
+    family, marked ``formula-approx`` for an architecture without a builder."""
+    h, hd, nh, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
+    inter = spec.intermediate_size
+    raw = text_config(spec.raw)
+    qkv_bias = bool(raw.get("attention_bias")) or spec.model_type in ("qwen2", "qwen2_moe")
+    params: list[Param] = []
+
+    def add(module, suffix, shape, kind, layer):
+        n = 1
+        for s in shape:
+            n *= s
+        params.append(Param(f"{module}.{suffix}", module, n, tuple(shape), kind, layer))
+
+    add("model.embed_tokens", "weight", (spec.vocab_size, h), "embedding", None)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        add(f"{p}.input_layernorm", "weight", (h,), "norm", i)
+        for name, out in (("q_proj", nh * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
+            add(f"{p}.self_attn.{name}", "weight", (out, h), "linear", i)
+            if qkv_bias:
+                add(f"{p}.self_attn.{name}", "bias", (out,), "linear", i)
+        add(f"{p}.self_attn.o_proj", "weight", (h, nh * hd), "linear", i)
+        add(f"{p}.post_attention_layernorm", "weight", (h,), "norm", i)
+        if spec.num_experts:
+            add(f"{p}.mlp.gate", "weight", (spec.num_experts, h), "linear", i)
+            for e in range(spec.num_experts):
+                for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
+                    add(f"{p}.mlp.experts.{e}.{name}", "weight", shape, "linear", i)
+        else:
+            for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
+                add(f"{p}.mlp.{name}", "weight", shape, "linear", i)
+    add("model.norm", "weight", (h,), "norm", None)
+    tied = []
+    if spec.tie_word_embeddings or (spec.model_type not in EXACT_TYPES and "tie_word_embeddings" not in spec.raw
+                                    and spec.model_type in TIE_DEFAULT_TRUE):
+        tied.append(("lm_head", "model.embed_tokens"))
+    else:
+        add("lm_head", "weight", (spec.vocab_size, h), "lm_head", None)
+    return Inventory(params, tied=tied, counted_by="formula" if spec.model_type in EXACT_TYPES else "formula-approx")
+
+
+def from_formula(spec) -> Inventory:
+    """Every parameter tensor from config.json alone: the architecture's own builder, else the Llama-style
+    decoder (exact for the Llama family, ``formula-approx`` for anything else)."""
     builder = BUILDERS.get(spec.model_type)
-    return builder(spec, spec.raw) if builder else None
+    return builder(spec, spec.raw) if builder else _llama(spec)
+
+
+def estimate_params(spec):
+    """Fill the spec's counts (``load_model_spec`` does, for every model): the inventory's for an architecture
+    with an exact formula; else a closed form for a gated-MLP decoder (close for most decoder-only LLMs, and
+    constant time on an untrusted config: it lists no tensors)."""
+    if spec.model_type in EXACT_TYPES:
+        inv = from_formula(spec)
+        spec.num_params = inv.num_params
+        spec.embedding_params = inv.numel("embedding")
+        spec.per_layer_params = inv.layer_params(0)
+        spec.largest_param_numel = inv.largest
+        spec.counted_by = "formula"
+        return spec
+    h, hd = spec.hidden_size, spec.head_dim
+    attn = h * spec.num_heads * hd * 2 + h * spec.num_kv_heads * hd * 2
+    mlp_one = 3 * h * spec.intermediate_size
+    experts = max(spec.num_experts, 1)
+    mlp = mlp_one * experts + (h * spec.num_experts if spec.num_experts else 0)  # + router
+    norms = 2 * h
+    spec.per_layer_params = attn + mlp + norms
+    spec.embedding_params = spec.vocab_size * h
+    lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
+    spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
+    spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
+    spec.counted_by = "formula"
+    return spec

@@ -3,8 +3,9 @@
 The memory model needs more than a total: ZeRO-3 gathers and releases parameters module by module, keeps
 small ones whole (``stage3_param_persistence_threshold``), and tensor parallelism shards some tensors and
 not others. An inventory lists every parameter tensor once (tied weights once, at first use) with the
-module that owns it, in forward order. ``from_formula`` builds it from config.json for Llama-style
-decoders; ``dsdoctor.model.exact`` builds it from the real model on the meta device.
+module that owns it, in forward order. ``dsdoctor.model.formulas`` builds it from config.json;
+``dsdoctor.model.exact`` builds it from the real model on the meta device. Only the types live here, so that
+both builders import them and neither imports the other.
 """
 from __future__ import annotations
 
@@ -72,55 +73,6 @@ def kind_of(module_name: str, class_name: str, ndim: int) -> str:
     if "linear" in cls or ndim == 2:
         return "linear"
     return "other"
-
-
-def from_formula(spec) -> Inventory:
-    """From config.json alone: the architecture's own builder (``formulas.py``), else a Llama-style decoder
-    (gated MLP, RMSNorm, optional q/k/v bias, optional experts), exact for the Llama family and marked
-    ``formula-approx`` for anything else."""
-    from dsdoctor.model.formulas import EXACT_TYPES, TIE_DEFAULT_TRUE, formula_inventory
-
-    exact = formula_inventory(spec)
-    if exact is not None:
-        return exact
-    h, hd, nh, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
-    inter = spec.intermediate_size
-    raw = spec.raw.get("text_config") if isinstance(spec.raw.get("text_config"), dict) else spec.raw
-    qkv_bias = bool(raw.get("attention_bias")) or spec.model_type in ("qwen2", "qwen2_moe")
-    params: list[Param] = []
-
-    def add(module, suffix, shape, kind, layer):
-        n = 1
-        for s in shape:
-            n *= s
-        params.append(Param(f"{module}.{suffix}", module, n, tuple(shape), kind, layer))
-
-    add("model.embed_tokens", "weight", (spec.vocab_size, h), "embedding", None)
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}"
-        add(f"{p}.input_layernorm", "weight", (h,), "norm", i)
-        for name, out in (("q_proj", nh * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-            add(f"{p}.self_attn.{name}", "weight", (out, h), "linear", i)
-            if qkv_bias:
-                add(f"{p}.self_attn.{name}", "bias", (out,), "linear", i)
-        add(f"{p}.self_attn.o_proj", "weight", (h, nh * hd), "linear", i)
-        add(f"{p}.post_attention_layernorm", "weight", (h,), "norm", i)
-        if spec.num_experts:
-            add(f"{p}.mlp.gate", "weight", (spec.num_experts, h), "linear", i)
-            for e in range(spec.num_experts):
-                for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-                    add(f"{p}.mlp.experts.{e}.{name}", "weight", shape, "linear", i)
-        else:
-            for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-                add(f"{p}.mlp.{name}", "weight", shape, "linear", i)
-    add("model.norm", "weight", (h,), "norm", None)
-    tied = []
-    if spec.tie_word_embeddings or (spec.model_type not in EXACT_TYPES and "tie_word_embeddings" not in spec.raw
-                                    and spec.model_type in TIE_DEFAULT_TRUE):
-        tied.append(("lm_head", "model.embed_tokens"))
-    else:
-        add("lm_head", "weight", (spec.vocab_size, h), "lm_head", None)
-    return Inventory(params, tied=tied, counted_by="formula" if spec.model_type in EXACT_TYPES else "formula-approx")
 
 
 def apply_to_spec(spec, inv: Inventory):

@@ -1,8 +1,8 @@
 """A model's shape from a local Hugging Face ``config.json`` (a directory or the file), without torch.
 
-Parameter counts here come from formulas for decoder-only transformers (Llama, Mistral, Qwen2, Gemma,
-...). ``dsdoctor.model.exact`` replaces them with exact counts from the model built on the meta device when
-torch and transformers are installed.
+Parameter counts come from ``dsdoctor.model.formulas`` (config.json alone); ``plan`` replaces them with exact
+counts from the model built on the meta device (``dsdoctor.model.exact``) when torch and transformers are
+installed.
 """
 from __future__ import annotations
 
@@ -12,22 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsdoctor import inputs
+from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
-from dsdoctor.model.formulas import tied
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-_DTYPE_NAMES = {
-    "float32": "fp32", "float": "fp32", "fp32": "fp32",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float16": "fp16", "half": "fp16", "fp16": "fp16",
-}
-
-
-def normalize_dtype(name: str | None) -> str | None:
-    if name is None:
-        return None
-    key = str(name).replace("torch.", "").lower()
-    return _DTYPE_NAMES.get(key)
+from dsdoctor.model.formulas import estimate_params, falcon_kv_heads, tied
 
 
 @dataclass
@@ -47,7 +34,7 @@ class ModelSpec:
     sliding_window: int | None = None
     num_experts: int = 0
     raw: dict = field(default_factory=dict, repr=False)
-    # filled by estimate_params(), replaced by exact counts when available
+    # filled by formulas.estimate_params(), replaced by exact counts when available
     num_params: int = 0
     embedding_params: int = 0
     per_layer_params: int = 0
@@ -150,8 +137,6 @@ def spec_from_config(cfg: dict, path: str | os.PathLike) -> ModelSpec:
         raw=cfg,
     )
     if spec.model_type == "falcon":  # multi-query: one key/value head (modeling_falcon.py)
-        from dsdoctor.model.formulas import falcon_kv_heads
-
         spec.num_kv_heads = falcon_kv_heads(text, heads)
     estimate_params(spec)
     if spec.num_params > MAX_PARAMS:
@@ -159,28 +144,3 @@ def spec_from_config(cfg: dict, path: str | os.PathLike) -> ModelSpec:
                          f"(limit {MAX_PARAMS:.0e})", path=p)
     return spec
 
-
-def estimate_params(spec: ModelSpec) -> ModelSpec:
-    """Formula counts for a gated-MLP decoder (Llama family); close for most decoder-only LLMs."""
-    h, hd = spec.hidden_size, spec.head_dim
-    attn = h * spec.num_heads * hd * 2 + h * spec.num_kv_heads * hd * 2
-    mlp_one = 3 * h * spec.intermediate_size
-    experts = max(spec.num_experts, 1)
-    mlp = mlp_one * experts + (h * spec.num_experts if spec.num_experts else 0)  # + router
-    norms = 2 * h
-    spec.per_layer_params = attn + mlp + norms
-    spec.embedding_params = spec.vocab_size * h
-    lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
-    spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
-    spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
-    spec.counted_by = "formula"
-    from dsdoctor.model.formulas import EXACT_TYPES
-    from dsdoctor.model.inventory import from_formula
-
-    if spec.model_type in EXACT_TYPES:  # the architecture's exact formula
-        inv = from_formula(spec)
-        spec.num_params = inv.num_params
-        spec.embedding_params = inv.numel("embedding")
-        spec.per_layer_params = inv.layer_params(0)
-        spec.largest_param_numel = inv.largest
-    return spec

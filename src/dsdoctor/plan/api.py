@@ -11,14 +11,16 @@ import copy
 import json
 import os
 
-from dsdoctor.model.inventory import apply_to_spec, from_formula
+from dsdoctor.gpus import gpu_facts
+from dsdoctor.gpus import run_dtype as _dtype_for_gpu
+from dsdoctor.machine import gpu_capability
+from dsdoctor.model.formulas import from_formula
+from dsdoctor.model.inventory import apply_to_spec
 from dsdoctor.model.spec import load_model_spec, spec_from_config
 from dsdoctor.plan import findings as plan_findings
 from dsdoctor.plan import recommend as rec
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
-from dsdoctor.plan.gpu_caps import capability_of, detect_capability
-from dsdoctor.plan.gpu_caps import run_dtype as _dtype_for_gpu
 from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.loading import find_checkpoint
 from dsdoctor.plan.memory import PathMemory, allocated
@@ -62,9 +64,9 @@ def load_inventory(spec, counts: str = "auto"):
 
 def _run_dtype(dtype: str, hw) -> tuple[str, float | None]:
     """The dtype the emitted config and code use on this GPU, and the GPU's compute capability."""
-    capability = capability_of(hw.gpu_name)
+    capability = gpu_facts(hw.gpu_name).capability
     if capability is None and "gpus" in hw.detected:
-        capability = detect_capability()
+        capability = gpu_capability()
     return _dtype_for_gpu(dtype, capability), capability
 
 

@@ -1,37 +1,20 @@
 """The machine a plan is for: GPU count and memory, host memory, bandwidths.
 
 Flags win; otherwise values are read from the machine (nvidia-smi, /proc/meminfo), never by importing
-torch; anything still unknown is assumed and said so in ``assumed``.
+torch; bandwidths and FLOP/s come from the GPU's name (``dsdoctor.gpus``); anything still unknown is assumed
+and said so in ``assumed``.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from dsdoctor.errors import InputError
+from dsdoctor.gpus import gpu_facts
 from dsdoctor.machine import meminfo, nvidia_smi_gpus
 from dsdoctor.units import parse_bytes
 
 GiB = 1024**3
 
-# name fragment -> (HBM bytes/s, GPU<->GPU all-gather bytes/s, host->device bytes/s pinned, dense bf16 FLOP/s)
-# Datasheet numbers; the speed model applies its own efficiency factors.
-_GPU_TABLE = (
-    ("H200", 4.8e12, 450e9, 55e9, 989e12),
-    ("H100 PCIe", 2.0e12, 60e9, 55e9, 756e12),
-    ("H100", 3.35e12, 450e9, 55e9, 989e12),
-    ("H800", 3.35e12, 200e9, 55e9, 989e12),
-    ("H20", 4.0e12, 450e9, 55e9, 148e12),
-    ("B200", 8.0e12, 900e9, 55e9, 2250e12),
-    ("A100-SXM4-80GB", 2.0e12, 300e9, 25e9, 312e12),
-    ("A100", 1.6e12, 300e9, 25e9, 312e12),
-    ("A800", 2.0e12, 200e9, 25e9, 312e12),
-    ("L40S", 0.86e12, 25e9, 25e9, 362e12),
-    ("L40", 0.86e12, 25e9, 25e9, 181e12),
-    ("4090", 1.0e12, 25e9, 25e9, 165e12),
-    ("A10", 0.6e12, 25e9, 25e9, 125e12),
-    ("V100", 0.9e12, 150e9, 12e9, 125e12),
-)
-_DEFAULT = ("", 2.0e12, 200e9, 25e9, 300e12)
 NVME_READ = 6e9  # one PCIe 4 NVMe drive, sequential read
 MAX_GPUS = 512  # a plan is for one model-parallel group; past this the tp/ZeRO arithmetic only burns time
 MAX_MEMORY = 1 << 50  # 1 PiB
@@ -60,14 +43,6 @@ class Hardware:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _row(name: str | None):
-    if name:
-        for row in _GPU_TABLE:
-            if row[0].lower() in name.lower():
-                return row
-    return _DEFAULT
 
 
 def detect_gpus() -> tuple[int, int, str] | None:
@@ -119,16 +94,16 @@ def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2
     if host_memory <= 0 or host_memory > MAX_MEMORY:
         raise InputError(f"--host-memory must be between 1 byte and 1 PiB, not {host_memory}")
     name = gpu_name or (found[2] if found else None)
-    row = _row(name)
+    facts = gpu_facts(name)
     if h2d_bandwidth is None:
-        h2d = row[3]
+        h2d = facts.h2d_bandwidth
         assumed.append(f"h2d_bandwidth={h2d / 1e9:.0f}GB/s")
     else:
         h2d = float(parse_bytes(h2d_bandwidth, "--h2d-bandwidth"))
         if h2d <= 0:
             raise InputError("--h2d-bandwidth must be positive")
-    if not row[0]:
+    if facts.generic_speeds:
         assumed.append("bandwidths of a generic data-center GPU")
     return Hardware(gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, h2d_bandwidth=h2d,
-                    hbm_bandwidth=row[1], gpu_gpu_bandwidth=row[2], flops=row[4], gpu_name=name,
-                    detected=detected, assumed=assumed)
+                    hbm_bandwidth=facts.hbm_bandwidth, gpu_gpu_bandwidth=facts.gpu_gpu_bandwidth,
+                    flops=facts.flops, gpu_name=name, detected=detected, assumed=assumed)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from dsdoctor.dtypes import DTYPE_BYTES, normalize_dtype
 from dsdoctor.errors import InputError
-from dsdoctor.model.spec import DTYPE_BYTES, normalize_dtype
 
 # far beyond any real run; past them the arithmetic describes nothing
 MAX_BATCH = 1 << 20

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dsdoctor.findings import Finding, Phrase
 from dsdoctor.i18n import message_table
 from dsdoctor.trace.records import RankRecord
-from dsdoctor.units import human_bytes
+from dsdoctor.units import human_bytes, human_seconds
 
 
 def per_generate(rec: RankRecord) -> list[dict]:
@@ -126,14 +126,11 @@ def rows(ranks) -> list[tuple]:
     for r in ranks:
         for g in (r.loop or {}).get("per_generate", []):
             out.append((r.rank, g["label"] + (" (gather-once)" if g["gather_once"] == "applied" else ""),
-                        _secs(g["duration_s"]), "-" if g["tokens_per_s"] is None else f"{g['tokens_per_s']:.1f}",
+                        human_seconds(g["duration_s"]),
+                        "-" if g["tokens_per_s"] is None else f"{g['tokens_per_s']:.1f}",
                         "-" if g["forwards"] is None else g["forwards"], human_bytes(g["gathered_bytes"]),
-                        _secs(g["iteration_s"]), "-" if g["share"] is None else f"{100 * g['share']:.0f}%"))
+                        human_seconds(g["iteration_s"]), "-" if g["share"] is None else f"{100 * g['share']:.0f}%"))
     return out
-
-
-def _secs(v):
-    return "-" if v is None else f"{v:.2f}s"
 
 
 # ------------------------------------------------------------------ ab: as-is against gather-once

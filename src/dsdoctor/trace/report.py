@@ -12,7 +12,7 @@ from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace import loop as gen_loop
 from dsdoctor.trace.records import PhaseRecord, RankRecord
-from dsdoctor.units import human_bytes
+from dsdoctor.units import human_bytes, human_seconds
 
 OOM_TEXT = re.compile(r"out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.IGNORECASE)
 # run: ok, oom, hang (ranks wait on each other), timeout (stopped by --timeout, no sign of waiting), error
@@ -119,7 +119,7 @@ class TraceResult:
     def _phase_rows(self):
         for r in self.ranks:
             for p in r.phases:
-                yield (r.rank, p["label"], _secs(p["duration_s"]), human_bytes(p["peak_gpu_bytes"]),
+                yield (r.rank, p["label"], human_seconds(p["duration_s"]), human_bytes(p["peak_gpu_bytes"]),
                        human_bytes(p["peak_host_bytes"]), human_bytes(p["pinned_host_bytes"]), _rate(p["tokens_per_s"]),
                        "error: " + p["error"]["type"] if p.get("error") else ("unfinished" if p["unfinished"] else "ok"))
 
@@ -171,10 +171,6 @@ def _fmt(v):
 
 def _rate(v):
     return "-" if v is None else f"{v:.1f}"
-
-
-def _secs(v):
-    return "-" if v is None else f"{v:.2f}s"
 
 
 def _max(values):

@@ -19,6 +19,7 @@ import re
 import sys
 import threading
 
+from dsdoctor.model.exact import count_parameters
 from dsdoctor.trace.observer import loop, recorder
 
 _SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
@@ -251,7 +252,7 @@ def _model_info(model) -> dict:
     try:
         params = list(model.parameters())
         info["zero3_partitioned"] = any(hasattr(p, "ds_id") for p in params[:50])
-        info["num_params"] = sum(int(getattr(p, "ds_numel", p.numel())) for p in params)
+        info["num_params"] = count_parameters(model)
         info["param_dtype"] = str(params[0].dtype).replace("torch.", "") if params else None
         info["model_class"] = type(model).__name__
     except Exception:
