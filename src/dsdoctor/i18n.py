@@ -31,5 +31,7 @@ def message_table(name: str) -> dict[str, dict[str, str]]:
         import json
         from pathlib import Path
 
-        _MESSAGES = json.loads((Path(__file__).with_name("messages.json")).read_text(encoding="utf-8"))
+        from dsdoctor import door
+
+        _MESSAGES = json.loads(door.read_text(Path(__file__).with_name("messages.json"), door.PACKAGE_DATA))
     return _MESSAGES[name]

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.errors import InputError
 from dsdoctor.model.formulas import tied
 
@@ -72,7 +72,7 @@ def _find_config(path: str | os.PathLike) -> Path:
 def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
     """The parsed config.json: a regular file of bounded size, depth and node count (untrusted input)."""
     p = _find_config(path)
-    text = inputs.read_text(p, "model config.json", inputs.MAX_CONFIG_BYTES)
+    text = door.read_text(p, door.MODEL_CONFIG)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -81,7 +81,7 @@ def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
         raise InputError("is nested too deeply", path=p) from None
     if not isinstance(data, dict):
         raise InputError("config.json must hold a JSON object", path=p)
-    inputs.check_tree(data, p)
+    door.check_tree(data, p, door.MODEL_CONFIG)
     return p, data
 
 

@@ -11,9 +11,8 @@ profile) and what pin_memory changed when that variant ran.
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.findings import Finding
 from dsdoctor.i18n import pick
 from dsdoctor.units import human_bytes
@@ -59,8 +58,8 @@ def plan_breakdown(shape: dict) -> dict | None:
         from dsdoctor.plan.memory import estimate_path, model_shape
         from dsdoctor.plan.workload import make_workload
 
-        with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
-            (Path(tmp) / "config.json").write_text(json.dumps(shape["model_config"]))
+        with door.scratch_dir("dsdoctor-ab-") as tmp:
+            door.write_new(tmp / "config.json", json.dumps(shape["model_config"]))
             spec = load_model_spec(tmp)
             inv = load_inventory(spec, "auto")
         world = max(int(shape.get("world_size") or 1), 1)
