@@ -120,6 +120,8 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
         raise InputError(f"--out {out}: is a directory; give a file name")
     if out is not None:
         door.check_output_path(out, force, kind="file")  # before a minute of measuring
+    if cache:
+        door.check_cache_file(cache_path(fingerprint(machine_description())))
     start = time.time()
     measured: dict = {}
     missing: dict = {}

@@ -546,19 +546,26 @@ def probe_file(directory, prefix: str):
                     os.unlink(made[1])
 
 
-def write_cache_file(path, text: str) -> Path:
-    """Replace dsdoctor's own cache file ``path`` atomically (a reader never sees half of it): a regular
-    file or nothing is replaced, never a link, a folder or a device."""
+def check_cache_file(path) -> Path:
+    """Raise InputError unless ``path`` may be (re)written as dsdoctor's cache file: missing, or a regular
+    file; never a link, a folder or a device."""
     p = _abs(path)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
-        st = None
+        return p
     except OSError as exc:
         raise InputError(f"cannot check the cache file: {exc.strerror}", path=p) from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode):
         raise InputError(f"is {file_kind(st.st_mode)}, not dsdoctor's cache file; not replacing it", path=p,
                          hint="remove it, or set DSDOCTOR_CACHE_DIR to another folder")
+    return p
+
+
+def write_cache_file(path, text: str) -> Path:
+    """Replace dsdoctor's own cache file ``path`` atomically (a reader never sees half of it): a regular
+    file or nothing is replaced (``check_cache_file``)."""
+    p = check_cache_file(path)
     parent = make_dir(p.parent, "the cache folder")
     with GUARD.active():
         tmp = None
