@@ -1,6 +1,6 @@
 """The one door for files: every read of an untrusted file and every write of an output goes through here.
 
-No other module of dsdoctor opens, reads, writes, copies, renames or deletes a file (``tests/test_door.py``
+No other module of dsdoctor opens, reads, writes, copies, renames or deletes a file (``tests/door/test_enforced.py``
 parses every module and fails on one that does); the guards are declared per kind of file in
 ``door.kinds`` (sizes, encodings, tree bounds for inputs; marker, ``--force`` rules, building aside and the
 mode for outputs). Light on purpose: it imports only the standard library and ``dsdoctor.errors``, so the

@@ -159,11 +159,11 @@ def stale_siblings(target) -> list[tuple[Path, int]]:
             continue
         p = Path(entry.path)
         if has_marker(p) or (m.group(1) == "old" and has_marker(p / "x")):
-            found.append((p, _tree_size(p)))
+            found.append((p, tree_size(p)))
     return sorted(found)
 
 
-def _tree_size(p: Path) -> int:
+def tree_size(p: Path) -> int:
     total = 0
     for root, _dirs, names in os.walk(p):
         for f in names:

@@ -39,6 +39,7 @@ from dsdoctor.door.marker import (
     read_marker,
     record_manifest,
     stale_siblings,
+    tree_size,
     write_marker,
 )
 from dsdoctor.door.read import file_kind, open_fd, read_proc
@@ -384,7 +385,8 @@ def shared_root(path, command: str | None = None) -> Path:
         raise InputError(f"is {what}, not a folder; a multi-node trace writes into a folder", path=p)
     make_dir(p, "the output folder")
     try:
-        empty = not any(os.scandir(p))
+        with os.scandir(p) as listing:
+            empty = not any(listing)
     except OSError as exc:
         raise InputError(f"cannot read the folder: {exc.strerror}", path=p) from None
     if empty:
@@ -432,9 +434,9 @@ def publish_into(root, force: bool, command: str | None = None):
     or signal the staging folder is removed and ``root`` is left as it was."""
     root = _abs(root)
     with GUARD.active(), output_lock(root):
-        for entry in os.scandir(root):
-            if _STAGING.match(entry.name) and has_marker(Path(entry.path)):
-                note_stale([(Path(entry.path), 0)])
+        with os.scandir(root) as listing:
+            stale = [Path(e.path) for e in listing if _STAGING.match(e.name) and has_marker(Path(e.path))]
+        note_stale([(p, tree_size(p)) for p in stale])
         staging = None
         try:
             with GUARD.deferred():
@@ -609,9 +611,14 @@ def write_record(path, text: str) -> Path:
     """Write a whole record (a rank's result) atomically: a temporary sibling renamed over ``path``."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    with record_file(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, p)
+    try:
+        with record_file(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return p
 
 
