@@ -178,6 +178,7 @@ def test_the_door_imports_only_the_standard_library_and_errors():
             "('torch', 'numpy', 'deepspeed', 'transformers', 'yaml', 'safetensors')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT / "src")}).stdout
-    assert eval(out) == ["dsdoctor", "dsdoctor._version", "dsdoctor.door", "dsdoctor.door.kinds",  # noqa: S307
-                         "dsdoctor.door.marker", "dsdoctor.door.read", "dsdoctor.door.signals",
-                         "dsdoctor.door.write", "dsdoctor.errors"]
+    loaded = eval(out)  # noqa: S307 -- a list of names this test printed
+    assert not [m for m in loaded if not m.startswith("dsdoctor")], loaded  # no torch, numpy, yaml...
+    assert {m for m in loaded if not m.startswith("dsdoctor.door")} == {"dsdoctor", "dsdoctor._version",
+                                                                        "dsdoctor.errors"}

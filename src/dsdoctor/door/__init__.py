@@ -13,10 +13,11 @@ Reading (``door.read``): ``require_regular``, ``open_fd``, ``open_binary``, ``re
 ``safetensors_reader``.
 
 Writing (``door.write``): output folders ``atomic_output_dir``, output files ``atomic_write_text``, checked
-early with ``check_output_path``; multi-node ``shared_root``, ``live_output_dir``, ``check_publish``,
-``publish_into``; new files inside a folder being built ``write_new``, ``open_new``, ``create_fd``,
-``copy_file``, ``remove_own``, ``make_dir``; ``scratch_dir``, ``probe_file``, ``write_cache_file``; in the
-ranks ``record_file``, ``write_record``.
+early with ``check_output_path``; new files inside a folder being built ``write_new``, ``open_new``,
+``create_fd``, ``copy_file``, ``remove_own``, ``make_dir``. Multi-node trace (``door.shared``):
+``shared_root``, ``live_output_dir``, ``check_publish``, ``publish_into``. Private and own files
+(``door.scratch``): ``scratch_dir``, ``probe_file``, ``check_cache_file``, ``write_cache_file``; in the ranks
+``record_file``, ``write_record``.
 """
 from __future__ import annotations
 
@@ -67,33 +68,32 @@ from dsdoctor.door.read import (
     require_regular,
     safetensors_reader,
 )
+from dsdoctor.door.scratch import (
+    check_cache_file,
+    devnull_onto,
+    probe_file,
+    record_file,
+    remove_shm_file,
+    scratch_dir,
+    write_cache_file,
+    write_record,
+)
+from dsdoctor.door.shared import check_publish, live_output_dir, publish_into, shared_root
 from dsdoctor.door.signals import SIGNALS, Interrupted
 from dsdoctor.door.write import (
     LOCK_SUFFIX,
     atomic_output_dir,
     atomic_write_text,
-    check_cache_file,
     check_output_path,
-    check_publish,
     copy_file,
     create_fd,
-    devnull_onto,
     free_bytes,
-    live_output_dir,
     make_dir,
     open_new,
     output_lock,
-    probe_file,
-    publish_into,
-    record_file,
     remove_own,
-    remove_shm_file,
-    scratch_dir,
-    shared_root,
     umask,
-    write_cache_file,
     write_new,
-    write_record,
 )
 
 __all__ = [

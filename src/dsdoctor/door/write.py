@@ -11,10 +11,9 @@ Output folders (``atomic_output_dir``) and output files (``atomic_write_text``):
 - are locked: a second dsdoctor writing the same path at the same time stops with exit 2 naming the first;
 - follow the umask (``tempfile`` would make them 0700/0600 whatever it says).
 
-Multi-node trace: each node's folder (``live_output_dir``) is written in place, since the other nodes watch
-it; the shared folder's report files (``publish_into``) replace only files its marker lists as dsdoctor's.
-Files inside a folder being built (``write_new``, ``open_new``, ``create_fd``, ``copy_file``) are new files.
-Scratch folders, probe files, the cache file and the ranks' records have their own rules (``door.kinds``).
+Files inside a folder being built (``write_new``, ``open_new``, ``create_fd``, ``copy_file``) are new files,
+never written through a link. The multi-node trace's folders are in ``door.shared``; scratch folders, probe
+files, the cache file and the ranks' records in ``door.scratch``.
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -36,10 +34,8 @@ from dsdoctor.door.marker import (
     has_marker,
     marker_info,
     note_stale,
-    read_marker,
     record_manifest,
     stale_siblings,
-    tree_size,
     write_marker,
 )
 from dsdoctor.door.read import file_kind, open_fd, read_proc
@@ -47,7 +43,7 @@ from dsdoctor.door.signals import GUARD
 from dsdoctor.errors import InputError, printable
 
 LOCK_SUFFIX = ".dsdoctor-lock"
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def umask() -> int:
@@ -65,7 +61,7 @@ def umask() -> int:
 _UMASK_LOCK = threading.Lock()
 
 
-def _abs(path) -> Path:
+def absolute(path) -> Path:
     return Path(os.path.abspath(os.fspath(path)))
 
 
@@ -80,7 +76,7 @@ def _is_within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def _special(mode: int) -> str | None:
+def special_kind(mode: int) -> str | None:
     """What a file that is neither a regular file nor a folder is, in words (None for those two)."""
     return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else file_kind(mode)
 
@@ -106,7 +102,7 @@ def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:
     ``kind`` is "dir" (replace only a folder holding dsdoctor's marker and nothing a user added) or "file"
     (replace only a regular file). ``inputs``: paths the command reads; the output may be none of them and
     hold none of them."""
-    p = _abs(path)
+    p = absolute(path)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -117,8 +113,8 @@ def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:
         target = printable(os.readlink(p))
         raise InputError(f"is a symbolic link (to {target}); dsdoctor writes to a new path or replaces its own "
                          "output, never through a link", path=p, hint="give the real path, or another one")
-    if st is not None and _special(st.st_mode):
-        raise InputError(f"is {_special(st.st_mode)}; dsdoctor writes only new paths or regular files and "
+    if st is not None and special_kind(st.st_mode):
+        raise InputError(f"is {special_kind(st.st_mode)}; dsdoctor writes only new paths or regular files and "
                          "folders, even with --force", path=p)
     real = _resolved(p) or p
     for inp in inputs:
@@ -159,7 +155,7 @@ def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:
     return p
 
 
-def _parent(target: Path, create: bool) -> Path:
+def output_parent(target: Path, create: bool) -> Path:
     parent = target.parent
     if parent.exists() and not parent.is_dir():
         raise InputError("the folder to write into is not a folder", path=parent)
@@ -234,7 +230,7 @@ def output_lock(target: Path):
 
 # ---- output files and folders ----------------------------------------------------------------------------------
 
-def _as_input_error(exc: OSError, target: Path) -> InputError:
+def as_input_error(exc: OSError, target: Path) -> InputError:
     what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
             errno.EROFS: "read-only file system"}.get(exc.errno, exc.strerror or str(exc))
     return InputError(f"cannot write the output: {what}", path=exc.filename or target,
@@ -244,7 +240,7 @@ def _as_input_error(exc: OSError, target: Path) -> InputError:
 def atomic_write_text(path, text: str, force: bool = False, inputs=(), create_parent: bool = False) -> Path:
     """Write ``text`` to ``path`` via a temporary file in the same directory and an atomic rename."""
     p = check_output_path(path, force, inputs, kind="file")
-    parent = _parent(p, create=create_parent)
+    parent = output_parent(p, create=create_parent)
     with GUARD.active(), output_lock(p):
         check_output_path(p, force, inputs, kind="file")  # again, under the lock
         tmp = None
@@ -266,7 +262,7 @@ def atomic_write_text(path, text: str, force: bool = False, inputs=(), create_pa
                 with GUARD.deferred(raise_pending=False), contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
             if isinstance(exc, OSError):
-                raise _as_input_error(exc, p) from None
+                raise as_input_error(exc, p) from None
             raise
     return p
 
@@ -293,7 +289,7 @@ def _new_marked_dir(parent: Path, target: Path, command: str | None, suffix: str
     return tmp
 
 
-def _move_aside_and_remove(target: Path, parent: Path) -> None:
+def move_aside_and_remove(target: Path, parent: Path) -> None:
     """Remove an old output: renamed into a hidden ``.old`` folder first, so a crash never leaves half of it."""
     old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=parent))
     os.replace(target, old / "x")
@@ -308,7 +304,7 @@ def atomic_output_dir(path, force: bool = False, inputs=(), command: str | None 
     partial siblings earlier killed runs left (default: a note on stderr). The marker of the finished folder
     lists what it holds, so a later ``--force`` can tell what a user added to it."""
     target = check_output_path(path, force, inputs, kind="dir")
-    parent = _parent(target, create=True)
+    parent = output_parent(target, create=True)
     with GUARD.active(), output_lock(target):
         check_output_path(target, force, inputs, kind="dir")  # again, under the lock
         stale = stale_siblings(target)
@@ -334,133 +330,7 @@ def atomic_output_dir(path, force: bool = False, inputs=(), command: str | None 
                 with GUARD.deferred(raise_pending=False):
                     shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, OSError):
-                raise _as_input_error(exc, target) from None
-            raise
-
-
-@contextlib.contextmanager
-def live_output_dir(path, force: bool = False, inputs=(), command: str | None = None):
-    """An output folder written in place (other processes watch it: a multi-node trace's ``DIR/node-K``).
-
-    The same rules as ``atomic_output_dir`` for what may be replaced, and the same lock; the folder gets its
-    marker at once and, however the run ends, the list of what it holds. It is not built aside: what marks
-    it complete is the caller's last file (``done.json``)."""
-    target = check_output_path(path, force, inputs, kind="dir")
-    parent = _parent(target, create=True)
-    with GUARD.active(), output_lock(target):
-        check_output_path(target, force, inputs, kind="dir")
-        try:
-            with GUARD.deferred():
-                if os.path.lexists(target):
-                    _move_aside_and_remove(target, parent)
-                os.mkdir(target, 0o777)
-                write_marker(target, marker_info(target, command))
-        except OSError as exc:
-            raise _as_input_error(exc, target) from None
-        try:
-            yield target
-        finally:
-            with GUARD.deferred(raise_pending=False), contextlib.suppress(OSError):
-                record_manifest(target)
-
-
-# ---- a folder several processes write into: multi-node trace's DIR --------------------------------------------
-
-_STAGING = re.compile(r"^\.dsdoctor-report\.[a-z0-9_]{8}\.partial$")
-
-
-def shared_root(path, command: str | None = None) -> Path:
-    """The folder several dsdoctor processes write into (each node of a multi-node trace): created when
-    missing, marked when new or empty (a folder with a user's files in it stays unmarked: nothing in it is
-    ever replaced then). Never replaced as a whole."""
-    p = _abs(path)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else _special(st.st_mode) or "a file"
-        raise InputError(f"is {what}, not a folder; a multi-node trace writes into a folder", path=p)
-    make_dir(p, "the output folder")
-    try:
-        with os.scandir(p) as listing:
-            empty = not any(listing)
-    except OSError as exc:
-        raise InputError(f"cannot read the folder: {exc.strerror}", path=p) from None
-    if empty:
-        try:
-            fd = os.open(p / MARKER, _NEW, 0o666)  # another node may be first: then it is marked already
-        except FileExistsError:
-            return p
-        except OSError as exc:
-            raise _as_input_error(exc, p) from None
-        os.close(fd)
-        write_marker(p, marker_info(p, command, shared=True, files={}))
-    return p
-
-
-def check_publish(root, names, force: bool) -> None:
-    """Raise InputError unless every file of ``names`` may be written into the shared folder ``root``: new,
-    or with ``force`` a regular file its marker lists as dsdoctor's, unchanged since."""
-    root = _abs(root)
-    info = read_marker(root) or {}
-    listed = info.get("files") if isinstance(info.get("files"), dict) else {}
-    for name in names:
-        p = root / name
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
-        if not stat.S_ISREG(st.st_mode):
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else file_kind(st.st_mode)
-            raise InputError(f"is {what}; dsdoctor replaces only its own report files, even with --force", path=p)
-        if name not in listed or listed[name] != st.st_size:
-            why = "changed since dsdoctor wrote it" if name in listed else \
-                f"was not written by dsdoctor (the folder's {MARKER} does not list it)"
-            raise InputError(f"{why}; not replacing it, even with --force", path=p,
-                             hint="move it away, or write the report into another folder")
-        if not force:
-            raise InputError("already exists; not overwriting", path=p, hint="pass --force to replace it")
-
-
-@contextlib.contextmanager
-def publish_into(root, force: bool, command: str | None = None):
-    """Yield a hidden staging folder inside the shared folder ``root``; on success every file in it replaces
-    (``check_publish``) or joins the files of ``root``, and the marker of ``root`` lists them; on any error
-    or signal the staging folder is removed and ``root`` is left as it was."""
-    root = _abs(root)
-    with GUARD.active(), output_lock(root):
-        with os.scandir(root) as listing:
-            stale = [Path(e.path) for e in listing if _STAGING.match(e.name) and has_marker(Path(e.path))]
-        note_stale([(p, tree_size(p)) for p in stale])
-        staging = None
-        try:
-            with GUARD.deferred():
-                staging = Path(tempfile.mkdtemp(prefix=".dsdoctor-report.", suffix=".partial", dir=root))
-                os.chmod(staging, 0o777 & ~umask())
-                write_marker(staging, marker_info(root, command))
-            yield staging
-            names = sorted(n for n in os.listdir(staging) if n != MARKER)
-            check_publish(root, names, force)
-            with GUARD.deferred():
-                sizes = {n: os.lstat(staging / n).st_size for n in names}
-                for n in names:
-                    os.replace(staging / n, root / n)
-                info = read_marker(root)
-                if info is not None and isinstance(info.get("files"), dict):
-                    info["files"].update(sizes)
-                    write_marker(root, info)
-                shutil.rmtree(staging, ignore_errors=True)
-        except BaseException as exc:
-            if staging is not None:
-                with GUARD.deferred(raise_pending=False):
-                    shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise _as_input_error(exc, root) from None
+                raise as_input_error(exc, target) from None
             raise
 
 
@@ -468,7 +338,7 @@ def publish_into(root, force: bool, command: str | None = None):
 
 def create_fd(path) -> int:
     """A new file (never an existing one, never through a link), mode 0666 less the umask: its descriptor."""
-    return os.open(path, _NEW, 0o666)
+    return os.open(path, NEW_FILE, 0o666)
 
 
 def write_new(path, data: str | bytes) -> Path:
@@ -513,133 +383,3 @@ def remove_own(path) -> None:
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISREG(os.lstat(p).st_mode):
             os.unlink(p)
-
-
-# ---- scratch, probes, the cache ----------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def scratch_dir(prefix: str):
-    """A new private folder (0700) for work nobody keeps; removed at the end, on an error and on a signal."""
-    with GUARD.active():
-        path = None
-        try:
-            with GUARD.deferred():
-                path = Path(tempfile.mkdtemp(prefix=prefix))
-            yield path
-        finally:
-            if path is not None:
-                with GUARD.deferred(raise_pending=False):
-                    shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def probe_file(directory, prefix: str):
-    """A new private file in the user's ``directory`` (0600), as (descriptor, path); removed at the end, on an
-    error and on a signal (a 512 MiB bandwidth probe must not stay on the user's drive)."""
-    with GUARD.active():
-        made = None
-        try:
-            with GUARD.deferred():
-                made = tempfile.mkstemp(prefix=prefix, dir=directory)
-            yield made
-        finally:
-            if made is not None:
-                with GUARD.deferred(raise_pending=False), contextlib.suppress(OSError):
-                    os.unlink(made[1])
-
-
-def check_cache_file(path) -> Path:
-    """Raise InputError unless ``path`` may be (re)written as dsdoctor's cache file: missing, or a regular
-    file; never a link, a folder or a device."""
-    p = _abs(path)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        return p
-    except OSError as exc:
-        raise InputError(f"cannot check the cache file: {exc.strerror}", path=p) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"is {file_kind(st.st_mode)}, not dsdoctor's cache file; not replacing it", path=p,
-                         hint="remove it, or set DSDOCTOR_CACHE_DIR to another folder")
-    return p
-
-
-def write_cache_file(path, text: str) -> Path:
-    """Replace dsdoctor's own cache file ``path`` atomically (a reader never sees half of it): a regular
-    file or nothing is replaced (``check_cache_file``)."""
-    p = check_cache_file(path)
-    parent = make_dir(p.parent, "the cache folder")
-    with GUARD.active():
-        tmp = None
-        try:
-            with GUARD.deferred():
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-                os.fchmod(fd, 0o666 & ~umask())
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            with GUARD.deferred():
-                os.replace(tmp, p)
-        except BaseException as exc:
-            if tmp is not None:
-                with GUARD.deferred(raise_pending=False), contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise _as_input_error(exc, p) from None
-            raise
-    return p
-
-
-# ---- records the user's ranks write into a folder the parent created ------------------------------------------
-
-def record_file(path, mode: str = "a"):
-    """A text file a rank appends its records to (``mode`` "a") or rewrites ("w"), in a folder the parent
-    dsdoctor created (made here if it is missing); never through a link. Light: no signal handlers, no lock
-    (the user's program owns its signals)."""
-    p = Path(path)
-    os.makedirs(p.parent, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if mode == "a" else os.O_TRUNC)
-    fd = os.open(p, flags, 0o666)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(p))
-    return os.fdopen(fd, mode, encoding="utf-8")
-
-
-def write_record(path, text: str) -> Path:
-    """Write a whole record (a rank's result) atomically: a temporary sibling renamed over ``path``."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        with record_file(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return p
-
-
-# ---- odds and ends of the process ----------------------------------------------------------------------------
-
-def devnull_onto(fd: int) -> None:
-    """Point descriptor ``fd`` at /dev/null (stdout after it failed: Python flushes it again at exit)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, fd)
-        os.close(devnull)
-    except OSError:
-        pass
-
-
-def remove_shm_file(shm_dir: str, name: str) -> bool:
-    """Unlink a shared-memory file another process left (the caller checked nothing maps it)."""
-    if "/" in name or name in (".", ".."):
-        return False
-    try:
-        os.unlink(os.path.join(shm_dir, name))
-    except OSError:
-        return False
-    return True
