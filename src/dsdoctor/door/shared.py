@@ -72,17 +72,17 @@ _STAGING = re.compile(r"^\.dsdoctor-report\.[a-z0-9_]{8}\.partial$")
 def shared_root(path, command: str | None = None) -> Path:
     """The folder several dsdoctor processes write into (each node of a multi-node trace): created when
     missing, marked when new or empty (a folder with a user's files in it stays unmarked: nothing in it is
-    ever replaced then). Never replaced as a whole."""
+    ever replaced then). Never replaced as a whole, so a link to a folder (shared storage) is followed."""
     p = absolute(path)
     try:
-        st = os.lstat(p)
+        st = os.stat(p)
     except FileNotFoundError:
         st = None
     except OSError as exc:
         raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
-        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else special_kind(st.st_mode) or "a file"
-        raise InputError(f"is {what}, not a folder; a multi-node trace writes into a folder", path=p)
+        raise InputError(f"is {special_kind(st.st_mode) or 'a file'}, not a folder; a multi-node trace writes "
+                         "into a folder", path=p)
     make_dir(p, "the output folder")
     try:
         with os.scandir(p) as listing:
