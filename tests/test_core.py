@@ -1,8 +1,8 @@
 import pytest
 
+from dsdoctor.door import atomic_output_dir, atomic_write_text
 from dsdoctor.errors import InputError
 from dsdoctor.findings import RULES, Finding, add_rule, exit_code
-from dsdoctor.fsutil import atomic_output_dir, atomic_write_text
 from dsdoctor.units import human_bytes, parse_bytes
 
 SECTIONS = {"what": ["What it does"], "why": ["why"], "example": ["example"], "instead": ["instead"]}

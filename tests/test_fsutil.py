@@ -1,4 +1,4 @@
-"""Output-path safety shared by every writing command (dsdoctor.fsutil): what --force may replace, device
+"""Output-path safety shared by every writing command (dsdoctor.door): what --force may replace, device
 nodes and links, the umask, the lock, signals and disk-full. Each test makes its own paths under tmp_path."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dsdoctor import fsutil
+from dsdoctor import door, errors
+from dsdoctor.door import MARKER, atomic_output_dir, atomic_write_text, check_output_path
 from dsdoctor.errors import InputError
-from dsdoctor.fsutil import MARKER, atomic_output_dir, atomic_write_text, check_output_path
 from tests.helpers import EXAMPLES, ROOT, run_cli
 
 EXAMPLE = EXAMPLES / "train_zero3_offload.json"
@@ -160,7 +160,7 @@ def test_disk_full_is_one_line_naming_the_output_and_leaves_nothing(tmp_path):
 HOLDER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from dsdoctor.fsutil import atomic_output_dir
+    from dsdoctor.door import atomic_output_dir
     try:
         with atomic_output_dir(sys.argv[1], command="test") as tmp:
             (tmp / "half.bin").write_bytes(b"x" * 1000)
@@ -205,11 +205,11 @@ def test_killed_run_leaves_a_partial_that_the_next_run_names_and_keeps(tmp_path)
     _write_output(target, on_stale=seen.extend)
     assert [p for p, _ in seen] == partial and partial[0].exists()  # named, never deleted
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-c", "import sys; from dsdoctor.fsutil import atomic_output_dir\n"
+    proc = subprocess.run([sys.executable, "-c", "import sys; from dsdoctor.door import atomic_output_dir\n"
                            "with atomic_output_dir(sys.argv[1]) as t: pass", str(tmp_path / "other")],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "interrupted dsdoctor run" not in proc.stderr  # only siblings of the same name
-    proc = subprocess.run([sys.executable, "-c", "import sys; from dsdoctor.fsutil import atomic_output_dir\n"
+    proc = subprocess.run([sys.executable, "-c", "import sys; from dsdoctor.door import atomic_output_dir\n"
                            "with atomic_output_dir(sys.argv[1], force=True) as t: pass", str(target)],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and str(partial[0]) in proc.stderr and "rm -rf" in proc.stderr
@@ -232,17 +232,17 @@ def test_a_second_writer_of_the_same_output_stops_naming_the_first(tmp_path):
 
 
 def test_signal_handlers_are_restored(tmp_path):
-    before = {s: signal.getsignal(s) for s in fsutil.SIGNALS}
+    before = {s: signal.getsignal(s) for s in door.SIGNALS}
     _write_output(tmp_path / "out")
     with pytest.raises(RuntimeError):
         with atomic_output_dir(tmp_path / "o2"):
             raise RuntimeError
-    assert {s: signal.getsignal(s) for s in fsutil.SIGNALS} == before
+    assert {s: signal.getsignal(s) for s in door.SIGNALS} == before
 
 
 def test_printable_escapes_control_characters():
-    assert fsutil.printable("a\nb\x1b[31mc\x00") == "a\\nb\\x1b[31mc\\x00"
-    assert fsutil.printable("合并") == "合并"
+    assert errors.printable("a\nb\x1b[31mc\x00") == "a\\nb\\x1b[31mc\\x00"
+    assert errors.printable("合并") == "合并"
 
 
 PAUSED_DIAGNOSE = textwrap.dedent("""

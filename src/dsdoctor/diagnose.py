@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, exit_code, sort_findings
-from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.i18n import LANGS, fill, message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
 from dsdoctor.units import human_bytes
@@ -318,14 +318,13 @@ class Captured:
                 c.init_inference = dict(passed)
             if c.model_dir is None and r.model_captured and isinstance(r.model_captured.get("config"), dict):
                 m = r.model_captured
-                directory = tmp / "model"
-                directory.mkdir(parents=True, exist_ok=True)
+                directory = door.make_dir(tmp / "model")
                 saved = dict(m["config"])
                 if not saved.get("architectures") and m.get("model_class"):
                     saved["architectures"] = [m["model_class"]]
                 if not (saved.get("torch_dtype") or saved.get("dtype")) and m.get("param_dtype"):
                     saved["torch_dtype"] = m["param_dtype"]  # the dtype the run's weights really had
-                (directory / "config.json").write_text(to_json(saved), encoding="utf-8")
+                door.write_new(directory / "config.json", to_json(saved))
                 c.model_dir, c.model_class, c.num_params = directory, m.get("model_class"), m.get("num_params")
                 c.encoder_decoder = bool(m.get("is_encoder_decoder"))
                 c.dtype = normalize_dtype(str(m.get("param_dtype")))
@@ -341,7 +340,7 @@ class Captured:
             if c.dtype is None or r.dtype:
                 c.dtype = r.dtype or c.dtype
         if c.config is not None:
-            (tmp / "ds_config_captured.json").write_text(to_json(c.config), encoding="utf-8")
+            door.write_new(tmp / "ds_config_captured.json", to_json(c.config))
         return c
 
     def config_file(self) -> str | None:
@@ -428,7 +427,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
 
     # read once: check, plan and split share it (and its effective readings); a captured one is read below
     loaded = load_config(config) if config is not None else None
-    with atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
+    with door.atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         if model is not None and command:
             # plan before running anything: bad workload flags must fail before the user's command has run
             from dsdoctor.plan.api import plan

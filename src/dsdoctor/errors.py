@@ -34,6 +34,15 @@ def one_line(text, limit: int | None = None) -> str:
     return text
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text) -> str:
+    """``text`` with C0/C1 control characters (newlines, escape sequences, NUL...) escaped, as Python's
+    ``repr`` writes them: for a path or a name inside a one-line message."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
 def printable_block(text: str) -> str:
     """Multi-line report text with every control character but newline and tab escaped (a config value
     holding ``\x1b]0;...`` or ``\r`` cannot rewrite the terminal)."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsdoctor import door
 from dsdoctor.errors import InputError, one_line
 from dsdoctor.i18n import LANGS, message_table, pick
 
@@ -92,7 +93,7 @@ def rules_file(package: str) -> Path:
 
 def _load() -> None:
     for package in RULE_PACKAGES:
-        for code, entry in json.loads(rules_file(package).read_text(encoding="utf-8")).items():
+        for code, entry in json.loads(door.read_text(rules_file(package), door.PACKAGE_DATA)).items():
             add_rule(code, entry)
 
 

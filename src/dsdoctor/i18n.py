@@ -8,9 +8,7 @@ the same placeholders.
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 LANGS = ("en", "zh")
 
@@ -43,5 +41,10 @@ def message_table(name: str) -> dict[str, dict[str, str]]:
     """One module's table of UI texts ({key: {"en": ..., "zh": ...}}) from messages.json (data, not code)."""
     global _MESSAGES
     if _MESSAGES is None:
-        _MESSAGES = json.loads(Path(__file__).with_name("messages.json").read_text(encoding="utf-8"))
+        import json
+        from pathlib import Path
+
+        from dsdoctor import door
+
+        _MESSAGES = json.loads(door.read_text(Path(__file__).with_name("messages.json"), door.PACKAGE_DATA))
     return _MESSAGES[name]

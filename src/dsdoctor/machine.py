@@ -19,16 +19,14 @@ class Gpu:
 
 def meminfo() -> dict[str, int]:
     """/proc/meminfo in bytes (MemTotal, MemAvailable, ...); empty where there is none."""
+    from dsdoctor import door
+
     out = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                parts = rest.split()
-                if parts and parts[0].isdigit():
-                    out[key] = int(parts[0]) * 1024
-    except OSError:
-        pass
+    for line in (door.read_proc("/proc/meminfo", 1 << 20) or b"").decode("ascii", "replace").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) * 1024
     return out
 
 

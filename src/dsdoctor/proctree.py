@@ -22,17 +22,18 @@ import threading
 import time
 import uuid
 
+from dsdoctor import door
+
 
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = collections.defaultdict(list)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        raw = door.read_proc(f"/proc/{entry}/stat", 1 << 16)
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            ppid = int((raw or b"").decode(errors="replace").rsplit(")", 1)[1].split()[1])
+        except (ValueError, IndexError):
             continue
         children[ppid].append(int(entry))
     return children
@@ -59,9 +60,8 @@ def signal_all(pids, sig) -> None:
 
 def alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
+        return (door.read_proc(f"/proc/{pid}/stat", 1 << 16) or b"").rsplit(b")", 1)[1].split()[0] != b"Z"
+    except IndexError:
         return False
 
 
@@ -112,15 +112,11 @@ def _mapped(names: set[str]) -> set[str]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/maps", encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if SHM_DIR in line:
-                        name = line.rstrip("\n").rsplit("/", 1)[-1]
-                        if name in names:
-                            found.add(name)
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
+        for line in door.proc_lines(f"/proc/{entry}/maps"):  # nothing when it ended or is not ours to read
+            if SHM_DIR in line:
+                name = line.rstrip("\n").rsplit("/", 1)[-1]
+                if name in names:
+                    found.add(name)
     return found
 
 
@@ -143,11 +139,8 @@ def unlink_leaked_deepspeed_shm(names: set[str] | None = None) -> int:
     return the bytes freed."""
     freed = 0
     for name, size in leaked_deepspeed_shm(names).items():
-        try:
-            os.unlink(os.path.join(SHM_DIR, name))
+        if door.remove_shm_file(SHM_DIR, name):
             freed += size
-        except OSError:
-            pass
     return freed
 
 
@@ -198,12 +191,9 @@ def tagged(tag: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    out.append(int(entry))
-        except OSError:  # ended meanwhile, or another user's
-            continue
+        environ = door.read_proc(f"/proc/{entry}/environ")  # None: ended meanwhile, or another user's
+        if environ and needle in environ.split(b"\0"):
+            out.append(int(entry))
     return out
 
 
@@ -211,7 +201,7 @@ class _Stop(KeyboardInterrupt):
     """SIGTERM, SIGHUP or SIGQUIT during a contained run: unwinds like Ctrl-C, so the run is ended."""
 
     def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")  # as dsdoctor.fsutil.Interrupted
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")  # as dsdoctor.door.Interrupted
         self.signum = signum
 
 
@@ -335,11 +325,8 @@ class ContainedRun:
 
 def _has_tag(pid: int, tag: str) -> bool:
     """Whether ``pid`` carries the run's tag (a zombie's environment reads empty: False)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            return f"{RUN_TAG_VAR}={tag}".encode() in fh.read().split(b"\0")
-    except OSError:
-        return False
+    environ = door.read_proc(f"/proc/{pid}/environ")
+    return bool(environ) and f"{RUN_TAG_VAR}={tag}".encode() in environ.split(b"\0")
 
 
 def free_port() -> int:

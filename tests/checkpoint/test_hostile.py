@@ -21,8 +21,8 @@ import pytest
 
 from dsdoctor.checkpoint import unpickle
 from dsdoctor.checkpoint.merge import merge
+from dsdoctor.door import MARKER
 from dsdoctor.errors import InputError
-from dsdoctor.fsutil import MARKER
 from tests.checkpoint_fixtures import copy_checkpoint, read_merged, zero_checkpoints
 from tests.helpers import ROOT, run_cli, run_process
 
@@ -435,7 +435,7 @@ def test_verify_cli_names_a_malformed_header(tmp_path):
 def _synthetic(tmp_path: Path, crc: bool = True) -> tuple[Path, dict]:
     import torch
 
-    from tests.test_checkpoint_rebuild import write_zero3
+    from tests.checkpoint.test_rebuild import write_zero3
 
     params = {"a": torch.randn(300, 7, generator=torch.Generator().manual_seed(1)), "b": torch.randn(5)}
     previous = torch.serialization.get_crc32_options()

@@ -244,10 +244,7 @@ def test_interrupted_merge_leaves_nothing(tmp_path, monkeypatch):
 def test_disk_space_is_checked_first(tmp_path, monkeypatch):
     base = zero_checkpoints()
 
-    class Usage:
-        free = 1000
-
-    monkeypatch.setattr(merge_mod.shutil, "disk_usage", lambda p: Usage)
+    monkeypatch.setattr(merge_mod.door, "free_bytes", lambda p: 1000)  # the door asks the filesystem
     with pytest.raises(InputError, match="not enough free disk space"):
         merge(base / "w2" / "zero3", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()

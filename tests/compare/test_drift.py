@@ -14,7 +14,7 @@ WEIGHT = "model.layers.1.mlp.down_proj.weight"
 def weights(tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
-    from tests.test_compare_cli import _save_tiny_llama
+    from tests.compare.test_cli import _save_tiny_llama
 
     root = tmp_path_factory.mktemp("drift")
     ref = _save_tiny_llama(root / "ref")

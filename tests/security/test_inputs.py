@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.config.load import load_config
 from dsdoctor.errors import InputError, one_line, printable_block
 from dsdoctor.findings import Finding
@@ -93,13 +93,13 @@ def _socket(tmp_path, name="sock.json"):
 def _huge(tmp_path):
     p = tmp_path / "huge.json"
     with open(p, "wb") as fh:  # sparse: costs no disk
-        fh.truncate(inputs.MAX_CONFIG_BYTES + 1)
+        fh.truncate(door.DS_CONFIG.max_bytes + 1)
     return p
 
 
 def _big_yaml(tmp_path):
     p = tmp_path / "big.yaml"
-    p.write_text("".join(f"key{i}: [1, 2, 3]\n" for i in range(inputs.MAX_PURE_PYTHON_BYTES // 10)))
+    p.write_text("".join(f"key{i}: [1, 2, 3]\n" for i in range(door.DS_CONFIG.slow_parse_bytes // 10)))
     return p
 
 
@@ -194,7 +194,7 @@ def test_non_regular_model_config_json_is_refused(tmp_path, make):
 
 def test_library_refuses_non_regular_files_before_opening(tmp_path):
     fifo = _fifo(tmp_path)
-    for reader in (load_config, lambda p: inputs.read_text(p, "prompt file")):
+    for reader in (load_config, lambda p: door.read_text(p, door.PROMPTS)):
         with pytest.raises(InputError, match="FIFO"):
             reader(fifo)  # opening a FIFO for reading would block here without a writer
     with pytest.raises(InputError, match="character device"):
@@ -210,10 +210,10 @@ def test_yaml_alias_expansion_is_bounded(tmp_path, levels, fanout):
     in between hangs or exhausts memory."""
     path = _billion_laughs(tmp_path, levels, fanout)
     expanded = sum(9 * fanout ** i for i in range(levels + 1))  # the strings, counted per appearance
-    if expanded < inputs.MAX_NODES // 2:
+    if expanded < door.DS_CONFIG.max_nodes // 2:
         data = load_config(path).raw
         assert len(data) == levels + 1
-    elif expanded > inputs.MAX_NODES * 2:
+    elif expanded > door.DS_CONFIG.max_nodes * 2:
         with pytest.raises(InputError, match="through aliases"):
             load_config(path)
     else:  # near the bound: either answer, but only these two
@@ -233,7 +233,7 @@ def test_nesting_is_accepted_up_to_the_bound_and_refused_beyond(depth, opener):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         fh.write(text)
     try:
-        if depth + 1 <= inputs.MAX_DEPTH:  # the top object and `depth` containers inside it
+        if depth + 1 <= door.DS_CONFIG.max_depth:  # the top object and `depth` containers inside it
             load_config(fh.name)
         else:
             with pytest.raises(InputError, match="nested"):

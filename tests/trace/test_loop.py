@@ -247,7 +247,9 @@ def test_two_torchrun_nodes_into_one_report(tmp_path):
         assert len(list((out / node / "records").glob("rank-*.jsonl"))) == 1
         assert (out / node / "output.log").is_file()
     assert json.loads((out / "node-1" / "report.json").read_text())["ranks"] == other["ranks"]
-    r = run_cli("trace", "--report-only", str(out), "--format", "json")
+    r = run_cli("trace", "--report-only", str(out), "--format", "json")  # node 0's report is there: not replaced
+    assert r.returncode == 2 and "report" in r.stderr and "--force" in r.stderr
+    r = run_cli("trace", "--report-only", str(out), "--format", "json", "--force")
     assert r.returncode in (0, 1) and sorted(x["rank"] for x in json.loads(r.stdout)["ranks"]) == [0, 1]
 
 

@@ -11,10 +11,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
+from dsdoctor import door
 from dsdoctor.calibrate.profile import (
     FIGURES,
     MachineProfile,
@@ -22,6 +22,7 @@ from dsdoctor.calibrate.profile import (
     fingerprint,
     machine_description,
     save_profile,
+    write_profile,
 )
 from dsdoctor.config.versions import installed
 from dsdoctor.errors import InputError
@@ -89,13 +90,18 @@ def _default_progress(msg: str) -> None:
 
 
 def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool = True, progress=None,
-              gpus_for_collectives: int | None = None) -> CalibrateResult:
-    """Measure this machine and write its profile (the per-machine cache file and/or ``out``)."""
+              gpus_for_collectives: int | None = None, force: bool = False) -> CalibrateResult:
+    """Measure this machine and write its profile (the per-machine cache file and/or ``out``: a new file, or
+    with ``force`` a regular file replaced)."""
     progress = progress or _default_progress
     if nvme_path is not None and not os.path.isdir(nvme_path):
         raise InputError(f"--nvme-path {nvme_path}: not a directory")
     if out is not None and os.path.isdir(out):
         raise InputError(f"--out {out}: is a directory; give a file name")
+    if out is not None:
+        door.check_output_path(out, force, kind="file")  # before a minute of measuring
+    if cache:
+        door.check_cache_file(cache_path(fingerprint(machine_description())))
     start = time.time()
     measured: dict = {}
     missing: dict = {}
@@ -237,7 +243,7 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
     if cache:
         written.append(save_profile(profile, cache_path(profile.fingerprint)))
     if out is not None:
-        written.append(save_profile(profile, out))
+        written.append(write_profile(profile, out, force=force))
     return CalibrateResult(profile, written)
 
 
@@ -251,7 +257,7 @@ def _single_rank_env():
 
 
 def _collectives(world: int, left_s: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="dsdoctor-calibrate-") as tmp:
+    with door.scratch_dir("dsdoctor-calibrate-") as tmp:
         out = os.path.join(tmp, "nccl.json")
         env = dict(os.environ)
         for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -261,5 +267,4 @@ def _collectives(world: int, left_s: float) -> dict:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(left_s, 20))
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"NCCL workers exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-        with open(out) as fh:
-            return json.load(fh)
+        return door.read_json(out, door.NCCL_RESULT)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 
 from dsdoctor.model.exact import count_parameters
@@ -286,16 +285,18 @@ def zero3_hook_cost(offload: bool = False, layers: int = 4) -> dict:
 
 
 def nvme_read_bandwidth(path: str, size: int = 512 * MiB) -> float:
-    """Sequential read bytes/s of a fresh file under ``path``, with its pages dropped from the cache first."""
-    fd, name = tempfile.mkstemp(prefix=".dsdoctor-calibrate-", dir=path)
-    try:
+    """Sequential read bytes/s of a fresh file under ``path``, with its pages dropped from the cache first.
+    The file is removed at the end, on an error and on SIGINT/SIGTERM/SIGHUP/SIGQUIT."""
+    from dsdoctor import door
+
+    with door.probe_file(path, ".dsdoctor-calibrate-") as (fd, name):
         chunk = os.urandom(8 * MiB)
         with os.fdopen(fd, "wb") as fh:
             for _ in range(size // len(chunk)):
                 fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
-        rfd = os.open(name, os.O_RDONLY)
+        rfd = door.open_fd(name, door.PROBE)
         try:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(rfd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -309,5 +310,3 @@ def nvme_read_bandwidth(path: str, size: int = 512 * MiB) -> float:
             return read / (time.perf_counter() - t0)
         finally:
             os.close(rfd)
-    finally:
-        os.unlink(name)

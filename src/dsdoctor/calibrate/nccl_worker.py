@@ -57,8 +57,9 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001 -- recorded, not fatal: torch's figure stands in
         res["autotp_all_reduce_error"] = f"{type(exc).__name__}: {exc}"[:300]
     if dist.get_rank() == 0:
-        with open(out_path, "w") as fh:
-            json.dump(res, fh)
+        from dsdoctor import door
+
+        door.write_record(out_path, json.dumps(res))
     dist.barrier()
     dist.destroy_process_group()
     return 0

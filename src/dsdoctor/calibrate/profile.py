@@ -15,10 +15,12 @@ import hashlib
 import json
 import os
 import platform
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsdoctor.errors import InputError
+from dsdoctor import door
+from dsdoctor.errors import InputError, one_line
 from dsdoctor.machine import meminfo, nvidia_smi_gpus
 
 SCHEMA = "dsdoctor-machine-profile/1"
@@ -58,14 +60,10 @@ FIGURES = {
 def machine_description(gpus=None) -> dict:
     """What the fingerprint hashes: hardware only, read without torch."""
     cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    for line in (door.read_proc("/proc/cpuinfo") or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
     if gpus is None:
         gpus = [{"name": g.name, "memory_mib": g.total_bytes // 2**20} for g in nvidia_smi_gpus(respect_visible=False)]
     mem = meminfo().get("MemTotal", 0)
@@ -145,36 +143,46 @@ class MachineProfile:
 
 
 def load_profile(path) -> MachineProfile:
+    """A machine profile file (``plan --machine FILE``, or the cache): a bounded regular file (a FIFO or
+    ``/dev/zero`` is refused at once), UTF-8 JSON of bounded depth, in the profile schema."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read machine profile: {exc.strerror or exc}") from None
+    text = door.read_text(p, door.MACHINE_PROFILE)
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise InputError(f"{p}: machine profile is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError(f"{p}: machine profile is nested too deeply") from None
+    door.check_tree(data, p, door.MACHINE_PROFILE)
     return MachineProfile.from_dict(data, str(p))
 
 
+def profile_text(profile: MachineProfile) -> str:
+    return json.dumps(profile.to_dict(), indent=2) + "\n"
+
+
 def save_profile(profile: MachineProfile, path) -> Path:
-    """Write atomically (a temporary file renamed), so a reader never sees half a profile."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(profile.to_dict(), indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
-    return p
+    """Write the per-machine cache file atomically (a reader never sees half a profile)."""
+    return door.write_cache_file(path, profile_text(profile))
+
+
+def write_profile(profile: MachineProfile, path, force: bool = False) -> Path:
+    """Write ``calibrate --out FILE``: a new file, or with ``force`` a regular file that is replaced."""
+    return door.atomic_write_text(path, profile_text(profile), force=force, create_parent=True)
 
 
 def find_profile(machine: dict | None = None) -> MachineProfile | None:
-    """The cached profile of this machine (same fingerprint), or None."""
+    """The cached profile of this machine (same fingerprint), or None. A damaged cache file is ignored with
+    a warning on stderr (``dsdoctor calibrate`` rewrites it): it must not break every plan on the machine."""
     fp = fingerprint(machine or machine_description())
     p = cache_path(fp)
-    if not p.is_file():
+    if not os.path.lexists(p):
         return None
     try:
         prof = load_profile(p)
-    except InputError:
-        return None  # a broken cache file is as good as none; calibrate rewrites it
+    except (InputError, ValueError, TypeError, AttributeError) as exc:
+        why = exc.one_line() if isinstance(exc, InputError) else f"{type(exc).__name__}: {exc}"
+        print(f"dsdoctor: warning: ignoring the cached machine profile ({one_line(why, 300)}); "
+              "dsdoctor calibrate rewrites it", file=sys.stderr)
+        return None
     return prof if prof.fingerprint == fp else None

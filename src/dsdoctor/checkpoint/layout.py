@@ -10,10 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsdoctor.errors import InputError
-from dsdoctor.fsutil import printable, read_regular_bytes
-
-LATEST_MAX_BYTES = 4096  # `latest` holds one tag name
+from dsdoctor import door
+from dsdoctor.errors import InputError, printable
 
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
@@ -59,7 +57,7 @@ def find_tag_dir(ckpt_dir, tag: str | None = None) -> tuple[Path, str, Path]:
         if not latest.exists() and not latest.is_symlink():
             raise InputError("no `latest` file naming the checkpoint tag", path=root,
                              hint=f"{found}; pass --tag TAG" if tags else found)
-        tag = read_regular_bytes(latest, LATEST_MAX_BYTES, "`latest` file").decode("utf-8", "replace").strip()
+        tag = door.read_bytes(latest, door.LATEST).decode("utf-8", "replace").strip()
         if not tag:
             raise InputError("`latest` is empty", path=latest, hint=found)
         source = "`latest`"

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import build_plan, read_states
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
 from dsdoctor.dtypes import TORCH_NAMES
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, printable
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.fsutil import atomic_output_dir, check_output_path, open_regular, printable, read_regular_bytes
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import (
     Style,
@@ -38,7 +37,6 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "token
                "special_tokens_map.json", "added_tokens.json", "tokenizer.model", "vocab.json", "vocab.txt",
                "merges.txt", "chat_template.json", "chat_template.jinja", "preprocessor_config.json")
 DISK_MARGIN = 64 * 1024 * 1024
-CONFIG_MAX_BYTES = 16 * 2**20
 
 
 # the words of the rendered merge, per language
@@ -130,7 +128,7 @@ def _read_config(d: Path | None) -> dict:
     if d is None:
         return {}
     try:
-        cfg = json.loads(read_regular_bytes(d / "config.json", CONFIG_MAX_BYTES, "config.json").decode("utf-8"))
+        cfg = json.loads(door.read_bytes(d / "config.json", door.MODEL_CONFIG).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise InputError(f"cannot read config.json: {printable(exc)}", path=d / "config.json") from None
     if not isinstance(cfg, dict):
@@ -157,15 +155,6 @@ def model_file_problem(src: Path, folder: Path) -> Phrase | None:
     if home.parent.name == "snapshots" and (home.parent.parent / "blobs") in real.parents:
         return None
     return Phrase("link_out", {"folder": printable(folder), "target": printable(real)})
-
-
-def _copy_model_file(src: Path, dst: Path) -> None:
-    fd = open_regular(src, src.name)
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as fin, open(dst, "xb") as fout:
-            shutil.copyfileobj(fin, fout, 16 * 2**20)
-    finally:
-        os.close(fd)
 
 
 def _ties_embeddings(cfg: dict) -> bool:
@@ -200,7 +189,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     layout = find_layout(ckpt_dir, tag)
     cfg_dir, searched = _config_dir(model, layout.root)
     inputs = [layout.root, layout.tag_dir, cfg_dir, *layout.optim_files, *layout.model_files]
-    check_output_path(out, force, inputs)
+    door.check_output_path(out, force, inputs)
     plan = build_plan(read_states(layout))
     # a config.json that is a link out of its folder is neither read nor copied (DSD415 below says so)
     cfg = {} if cfg_dir is None or model_file_problem(cfg_dir / "config.json", cfg_dir) else _read_config(cfg_dir)
@@ -228,18 +217,14 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
                 findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
             else:
                 to_copy.append(src)
-                total += src.stat().st_size
+                total += door.require_regular(src, door.MODEL_FILE).stat().st_size  # bounded before any write
     no_crc = sorted({str(p.ref.path) for t in plan.tensors for p in t.pieces if p.ref.record_crc is None})
     if no_crc:
         findings.append(Finding("DSD416", {"count": len(no_crc), "files": ", ".join(Path(f).name for f in no_crc[:3])
                                            + (f", ... ({len(no_crc) - 3} more)" if len(no_crc) > 3 else "")}))
 
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the output's folder: {exc.strerror}", path=parent) from None
-    free = shutil.disk_usage(parent).free
+    parent = door.make_dir(out.resolve().parent, "the output's folder")
+    free = door.free_bytes(parent)
     if free < total + DISK_MARGIN:
         raise InputError(f"not enough free disk space: the merge writes {human_bytes(total)}, "
                          f"{human_bytes(free)} free", path=parent)
@@ -253,7 +238,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     bar = _progress(total, progress)
     copied: list[str] = []
     try:
-        with atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
+        with door.atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
             metadata = {"format": "pt", "dsdoctor": {
                 "source": str(layout.tag_dir), "zero_stage": plan.stage, "world_size": plan.world_size,
                 "dtype": out_dtype, "tied_weights": plan.aliases, "tied_stored_once": stored_once and bool(plan.aliases),
@@ -261,7 +246,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
             shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
                                            on_bytes=(bar.update if bar is not None else lambda n: None))
             for src in to_copy:
-                _copy_model_file(src, tmp / src.name)
+                door.copy_file(src, tmp / src.name, door.MODEL_FILE)
                 copied.append(src.name)
     finally:
         if bar is not None:

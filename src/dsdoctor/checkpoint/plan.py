@@ -11,8 +11,7 @@ from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.checkpoint.zero3 import plan_zero3
 from dsdoctor.checkpoint.zero12 import plan_zero12
-from dsdoctor.errors import InputError
-from dsdoctor.fsutil import printable
+from dsdoctor.errors import InputError, printable
 
 
 def read_states(layout: Layout) -> States:

@@ -28,8 +28,8 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from dsdoctor.errors import InputError
-from dsdoctor.fsutil import open_regular, printable
+from dsdoctor import door
+from dsdoctor.errors import InputError, printable
 
 PKL_MAX_BYTES = 64 * 2**20  # data.pkl of DeepSpeed rank files: kilobytes to a few MB
 MAX_RECORDS = 250_000  # zip records (one per storage) in one file
@@ -102,10 +102,13 @@ class TensorRef:
             raise InputError(f"element range {start}+{count} outside a tensor of {self.numel}", path=self.path)
         return self.data_offset + (self.storage_offset + start) * self.itemsize, count * self.itemsize
 
-    def read_bytes(self, start: int = 0, count: int | None = None) -> bytes:
+    def read_data(self, start: int = 0, count: int | None = None) -> bytes:
         offset, length = self.byte_range(start, count)
-        with open(self.path, "rb") as fh:
-            data = os.pread(fh.fileno(), length, offset)
+        fd = door.open_fd(self.path, door.RANK_FILE)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
         if len(data) != length:
             raise InputError("truncated: a tensor's data ends past the end of the file", path=self.path)
         return data
@@ -114,7 +117,7 @@ class TensorRef:
         """Materialize (small tensors only: buffers, frozen fragments)."""
         import torch
 
-        data = bytearray(self.read_bytes())
+        data = bytearray(self.read_data())
         t = torch.frombuffer(data, dtype=getattr(torch, self.dtype)) if data else torch.empty(0, dtype=getattr(torch, self.dtype))
         return t.reshape(self.shape)
 
@@ -463,9 +466,8 @@ def _record(fh, info: zipfile.ZipInfo, size: int, path) -> int:
 def load(path: str | os.PathLike):
     """The object in a torch zip checkpoint, with tensors as TensorRefs (checked against the file size)."""
     path = os.fspath(path)
-    fd = open_regular(path, "checkpoint file")
-    with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fd).st_size
+    with door.open_binary(path, door.RANK_FILE) as fh:
+        size = os.fstat(fh.fileno()).st_size
         _directory_bounds(fh, size, path)
         try:
             zf = zipfile.ZipFile(fh)

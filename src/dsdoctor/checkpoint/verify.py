@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
 from dsdoctor.dtypes import normalize_dtype
@@ -100,6 +101,7 @@ def _load_config(model):
     d = Path(model)
     if not (d / "config.json").is_file():
         raise InputError("no config.json", path=d, hint="--model takes the model directory (config.json)")
+    door.check_library_files([d / "config.json"], door.MODEL_CONFIG)  # transformers reads it whole
     import transformers
 
     try:

@@ -8,8 +8,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsdoctor.errors import InputError
-from dsdoctor.fsutil import open_regular, printable, read_regular_bytes
+from dsdoctor import door
+from dsdoctor.errors import InputError, printable
 
 ST_DTYPES = {"F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
@@ -30,14 +30,13 @@ class Entry:
 
 ST_ITEMSIZE = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8}
-INDEX_MAX_BYTES = 64 * 2**20
 
 
 def read_safetensors_header(path: Path) -> dict:
     """The header of a safetensors file, every entry checked (dtype, shape, offsets inside the file and
     matching the shape), so a malformed file is named here rather than failing later in a library."""
-    fd = open_regular(path, "safetensors file")
-    with os.fdopen(fd, "rb") as fh:
+    with door.open_binary(path, door.SAFETENSORS) as fh:
+        fd = fh.fileno()
         raw = fh.read(8)
         if len(raw) != 8:
             raise InputError("truncated safetensors file (no header)", path=path)
@@ -88,7 +87,7 @@ def _entry_problem(v) -> str | None:
 
 def _read_index(index: Path, d: Path) -> list[Path]:
     try:
-        data = json.loads(read_regular_bytes(index, INDEX_MAX_BYTES, "index file").decode("utf-8"))
+        data = json.loads(door.read_bytes(index, door.WEIGHTS_INDEX).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise InputError(f"corrupt index: {printable(exc)}", path=index) from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
@@ -141,14 +140,7 @@ _BIN_CACHE: dict[Path, dict] = {}
 
 def _load_bin(path: Path) -> dict:
     if path not in _BIN_CACHE:
-        import torch
-
-        os.close(open_regular(path, "weights file"))  # not a FIFO or a device
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception as exc:  # torch raises many types for bad files
-            first = printable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            raise InputError(f"cannot read with weights_only=True: {first[:300]}", path=path) from None
+        sd = door.load_torch_weights(path, door.WEIGHTS_BIN)
         if not isinstance(sd, dict):
             raise InputError("not a state dict", path=path)
         _BIN_CACHE[path] = sd
@@ -158,11 +150,11 @@ def _load_bin(path: Path) -> dict:
 def load_tensor(entry: Entry):
     """One tensor, memory-mapped where the format allows."""
     if entry.file.suffix == ".safetensors":
-        from safetensors import safe_open
-
         try:
-            with safe_open(str(entry.file), framework="pt") as fh:
+            with door.safetensors_reader(entry.file, door.SAFETENSORS) as fh:
                 return fh.get_tensor(entry.name)
+        except InputError:
+            raise
         except Exception as exc:  # the safetensors library's own error types
             raise InputError(f"cannot read tensor {entry.name}: {printable(exc)[:300]}", path=entry.file) from None
     return _load_bin(entry.file)[entry.name]

@@ -19,10 +19,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.checkpoint.pieces import Piece, TensorPlan
 from dsdoctor.checkpoint.unpickle import FLOAT_DTYPES, SAFETENSORS_DTYPES, TensorRef
-from dsdoctor.errors import InputError
-from dsdoctor.fsutil import open_regular, printable
+from dsdoctor.errors import InputError, printable
 
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
             "int8": 1, "uint8": 1, "bool": 1}
@@ -84,7 +84,7 @@ class _Sources:
 
     def fd(self, path: str) -> int:
         if path not in self.fds:
-            self.fds[path] = open_regular(path, "checkpoint file")
+            self.fds[path] = door.open_fd(path, door.RANK_FILE)
         return self.fds[path]
 
     def close(self):
@@ -214,12 +214,9 @@ class RecordCrcs:
 
 
 def _feed_mapped(crcs: RecordCrcs, ref: TensorRef, fd: int, offset: int, length: int) -> None:
-    import mmap
-
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    mapped = mmap.mmap(fd, length + offset - start, offset=start, access=mmap.ACCESS_READ)
+    mapped, skip = door.map_readonly(fd, offset, length)
     try:
-        with memoryview(mapped) as whole, whole[offset - start:] as view:
+        with memoryview(mapped) as whole, whole[skip:] as view:
             crcs.feed(ref, offset, view)
     finally:
         try:
@@ -356,7 +353,7 @@ def _write_all(fd: int, buf) -> None:
 
 
 def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crc: _CrcWorker) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # the umask applies
+    fd = door.create_fd(path)  # a new file; the umask applies
     try:
         _write_all(fd, _header(tensors, {"format": "pt"}))
         copier = _Copier(fd, sources, on_bytes, crc)
@@ -395,5 +392,5 @@ def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, ext
     finally:
         sources.close()
     index = {"metadata": {"total_size": total, **extra_metadata}, "weight_map": weight_map}
-    (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    door.write_new(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     return names, weight_map, total

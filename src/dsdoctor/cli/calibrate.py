@@ -27,6 +27,7 @@ def register(sub):
 
 def add_flags(p):
     p.add_argument("--out", default=None, help="also write the profile to this file")
+    p.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     p.add_argument("--nvme-path", default=None, help="a directory on the NVMe drive offload would use")
     p.add_argument("--no-cache", action="store_true", help="do not write the per-machine cache file")
     p.add_argument("--budget-s", type=float, default=60.0, help="time budget in seconds (default: 60)")
@@ -35,6 +36,7 @@ def add_flags(p):
 def run(args) -> int:
     from dsdoctor.calibrate.api import calibrate
 
-    result = calibrate(out=args.out, nvme_path=args.nvme_path, budget_s=args.budget_s, cache=not args.no_cache)
+    result = calibrate(out=args.out, nvme_path=args.nvme_path, budget_s=args.budget_s, cache=not args.no_cache,
+                       force=args.force)
     emit(result, args)
     return 0

@@ -25,5 +25,6 @@ def run(args) -> int:
     if args.calibrate:
         from dsdoctor.calibrate.api import calibrate
 
-        emit(calibrate(out=args.out, nvme_path=args.nvme_path, budget_s=args.budget_s, cache=not args.no_cache), args)
+        emit(calibrate(out=args.out, nvme_path=args.nvme_path, budget_s=args.budget_s, cache=not args.no_cache,
+                       force=args.force), args)
     return 0

@@ -43,12 +43,9 @@ class StdoutError(InputError):
 
 def _silence_fd1() -> None:
     """Point fd 1 at /dev/null: Python flushes stdout again at exit, and that flush must not fail twice."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
-    except OSError:
-        pass
+    from dsdoctor import door
+
+    door.devnull_onto(1)
 
 
 class _GuardedStdout:
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"dsdoctor: error: {exc.one_line()}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP/SIGQUIT while writing (dsdoctor.fsutil)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP/SIGQUIT while writing (dsdoctor.door)
         print(f"dsdoctor: {exc or 'interrupted'}", file=sys.stderr)
         return 2
     except BrokenPipeError:

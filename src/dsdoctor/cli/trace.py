@@ -36,7 +36,8 @@ def register(sub):
     add_run_flags(p, "dsdoctor-trace")
     p.add_argument("--report-only", metavar="DIR", default=None,
                    help="run nothing: rebuild the report of a multi-node trace from DIR/node-*/ (each node's agent "
-                        "ran dsdoctor trace -o DIR -- torchrun --nnodes N --node-rank K ...)")
+                        "ran dsdoctor trace -o DIR -- torchrun --nnodes N --node-rank K ...); --force replaces "
+                        "the report files an earlier run wrote there")
     p.set_defaults(func=run)
 
 
@@ -48,7 +49,7 @@ def run(args) -> int:
             from dsdoctor.errors import InputError
 
             raise InputError("--report-only runs nothing: give DIR and no command")
-        result = report_only(args.report_only, lang=lang_of(args))
+        result = report_only(args.report_only, lang=lang_of(args), force=args.force)
         emit(result, args)
         return exit_code(result.findings, args.fail_on)
     result = trace(args.command, out=args.out, timeout=args.timeout, force=args.force,

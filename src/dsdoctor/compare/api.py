@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.compare.diff import STATUSES, PromptDiff, diff_runs
 from dsdoctor.compare.launch import run_path
 from dsdoctor.compare.prompts import default_prompts, load_prompts
@@ -17,7 +16,6 @@ from dsdoctor.compare.runner import MULTI_RANK, PATHS, TORCH_DTYPES
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, sort_findings
-from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table, write_report
@@ -214,10 +212,11 @@ def _check_model_dir(model_dir) -> Path:
             raise InputError("has only pickle weights (.bin/.pt), which dsdoctor does not load", path=p, hint=hint)
         raise InputError("has no *.safetensors weights", path=p, hint=hint)
     # what the loaders will open: a FIFO or a device among them would block or never end inside transformers
-    names = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
-             "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
-    for f in sorted(p.glob("*.safetensors")) + [p / n for n in names if os.path.lexists(p / n)]:
-        inputs.require_regular(f, "model file")
+    names = ("generation_config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer.model",
+             "tokenizer_config.json", "special_tokens_map.json")
+    door.check_library_files(sorted(p.glob("*.safetensors")), door.SAFETENSORS)
+    door.check_library_files([p / "config.json"], door.MODEL_CONFIG)
+    door.check_library_files([p / n for n in names], door.MODEL_FILE)
     return p
 
 
@@ -378,13 +377,13 @@ def compare(
                              dtype_name, max_new_tokens, prompt_ids, runs, pairs, findings)
 
     if out is None:
-        with tempfile.TemporaryDirectory(prefix="dsdoctor-compare-") as tmp:
-            result = run_all(Path(tmp))
+        with door.scratch_dir("dsdoctor-compare-") as tmp:
+            result = run_all(tmp)
             for r in result.runs:
                 r.log = ""  # gone with the temporary directory; the tail stays in the result
         return result
     inputs = [model_dir, model_dir_b, prompts if isinstance(prompts, (str, os.PathLike)) else None]
-    with atomic_output_dir(out, force=force, inputs=inputs, command="compare") as tmp:
+    with door.atomic_output_dir(out, force=force, inputs=inputs, command="compare") as tmp:
         result = run_all(Path(tmp))
         result.out = str(out)
         for r in result.runs:
@@ -397,7 +396,7 @@ def compare(
 def _write_reports(result: CompareResult, directory: Path) -> None:
     write_report(result, directory, "en", also_markdown=("zh",))
     for job in directory.glob("*.job.json"):
-        job.unlink()
+        door.remove_own(job)
 
 
 # -- findings ---------------------------------------------------------------------------------------------

@@ -14,10 +14,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.compare.runner import MULTI_RANK
+from dsdoctor.errors import InputError
 from dsdoctor.proctree import contained_run, free_port, terminate_tree
 
 LOG_TAIL_LINES = 25
+LOG_TAIL_BYTES = 4 * 2**20
 
 
 @dataclass
@@ -68,18 +71,22 @@ def run_path(job: dict, workdir: Path, nprocs: int, timeout: float | None = None
     if job["path"] not in MULTI_RANK:
         return _run_in_process(job)
     job_file = workdir / f"{label}.job.json"
-    job_file.write_text(json.dumps(job), encoding="utf-8")
+    door.write_new(job_file, json.dumps(job))
     log = workdir / f"{label}.log"
     cmd = launch_command(job_file, nprocs)
     try:
-        with open(log, "w", encoding="utf-8") as fh:
+        with door.open_new(log) as fh:
             rc = _run_group(cmd, fh, timeout, _child_env(nprocs))
     except OSError as exc:
         return LaunchOutcome(False, None, cmd, str(log), f"cannot start the launcher: {exc}")
     tail = _tail(log)
     out = Path(job["out"])
     if rc == 0 and out.exists():
-        return LaunchOutcome(True, json.loads(out.read_text(encoding="utf-8")), cmd, str(log), log_tail=tail)
+        try:
+            record = door.read_json(out, door.COMPARE_RECORD)
+        except InputError as exc:
+            return LaunchOutcome(False, None, cmd, str(log), f"rank 0 wrote an unreadable record: {exc}", tail)
+        return LaunchOutcome(True, record, cmd, str(log), log_tail=tail)
     why = "timed out" if rc is None else f"ranks exited with status {rc}" if rc else "rank 0 wrote no record"
     return LaunchOutcome(False, None, cmd, str(log), f"{why}: {_last_error(tail)}", tail)
 
@@ -114,7 +121,7 @@ def _run_in_process(job: dict) -> LaunchOutcome:
         return LaunchOutcome(False, None, cmd, "", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
     finally:
         _release_memory()
-    Path(job["out"]).write_text(json.dumps(record), encoding="utf-8")
+    door.write_record(job["out"], json.dumps(record))
     return LaunchOutcome(True, record, cmd, "")
 
 
@@ -129,10 +136,14 @@ def _release_memory() -> None:
 
 
 def _tail(log: Path) -> str:
+    """The last lines of a worker log (read from its last 4 MiB: a log can be any size)."""
     try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        text = door.read_tail(log, LOG_TAIL_BYTES, door.RUN_LOG)
+    except InputError:
         return ""
+    lines = text.splitlines()
+    if len(text.encode("utf-8", "replace")) >= LOG_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line may be cut
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 

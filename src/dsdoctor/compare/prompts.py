@@ -12,7 +12,7 @@ import os
 import random
 from pathlib import Path
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.errors import InputError
 
 DEFAULT_COUNT = 4
@@ -71,7 +71,7 @@ def load_prompts(path: str | os.PathLike, vocab_size: int, model_dir: str | os.P
     p = Path(path)
     if not p.exists():
         raise InputError("prompt file not found", path=p)
-    text = inputs.read_text(p, "prompt file", inputs.MAX_PROMPT_BYTES)  # a FIFO or /dev/zero is refused
+    text = door.read_text(p, door.PROMPTS)  # a FIFO or /dev/zero is refused
     parsed = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -101,6 +101,7 @@ def _load_tokenizer(model_dir, prompt_path: Path):
             "has text prompts but the model directory has no tokenizer", path=prompt_path,
             hint="write token-id lists, one JSON list per line, e.g. [1, 450, 4996]",
         )
+    door.check_library_files([Path(model_dir) / f for f in files + ("special_tokens_map.json",)], door.MODEL_FILE)
     from transformers import AutoTokenizer  # heavy: only for text prompts
 
     try:

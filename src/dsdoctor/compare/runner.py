@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 # load path -> what it does; the order here is the order in --help
 PATHS = {
@@ -181,13 +180,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="dsdoctor compare worker (one rank)")
     parser.add_argument("job", help="job file (JSON) written by dsdoctor compare")
     args, _unknown = parser.parse_known_args(argv)  # the deepspeed launcher adds --local_rank
-    job = json.loads(Path(args.job).read_text(encoding="utf-8"))
+    from dsdoctor import door
+
+    job = door.read_json(args.job, door.COMPARE_JOB)
     record = run_job(job)
     if record is not None:
-        out = Path(job["out"])
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record), encoding="utf-8")
-        os.replace(tmp, out)
+        out = door.write_record(job["out"], json.dumps(record))
         if not job.get("quiet"):
             _log(f"{job['path']}: wrote {out}")
     try:  # leave the process group cleanly so the launcher sees exit 0 on every rank

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.errors import InputError
 
-MAX_BYTES = inputs.MAX_CONFIG_BYTES  # real configs are a few KiB
+MAX_BYTES = door.DS_CONFIG.max_bytes  # real configs are a few KiB
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
@@ -90,7 +90,7 @@ def _no_duplicates(pairs):
 def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
     """Load a config file (or take a dict) and return the DeepSpeed dict it amounts to."""
     if isinstance(source, dict):
-        inputs.check_tree(source, None)
+        door.check_tree(source, None, door.DS_CONFIG)
         _check_keys_are_strings(source, None)
         return LoadedConfig(path=None, raw=_plain(copy.deepcopy(source)), kind="dict")
     if not isinstance(source, (str, os.PathLike)):
@@ -129,7 +129,7 @@ def read_text(path: Path) -> str:
         raise InputError("no such file", path=path)
     if path.is_dir():
         raise InputError("is a directory, expected a DeepSpeed config file", path=path)
-    blob = inputs.read_bytes(path, "DeepSpeed config file", MAX_BYTES)
+    blob = door.read_bytes(path, door.DS_CONFIG)
     if b"\x00" in blob:
         raise InputError("is a binary file, not a DeepSpeed config (JSON, HJSON or YAML)", path=path)
     try:
@@ -153,7 +153,7 @@ def _parse_file(path: Path) -> tuple[Any, str]:
     if not isinstance(data, dict):
         what = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
         raise InputError(f"top level is {what}; a DeepSpeed config is an object ({{...}})", path=path)
-    inputs.check_tree(data, path)  # before any recursive walk: depth, size, cycles
+    door.check_tree(data, path, door.DS_CONFIG)  # before any recursive walk: depth, size, cycles
     _check_keys_are_strings(data, path)
     return _plain(data), kind
 
@@ -162,9 +162,9 @@ def _bound_slow_parse(text: str, path: Path, what: str) -> None:
     """YAML and HJSON are parsed in pure Python, about a megabyte a second: past the bound, refuse at once
     rather than run for minutes (a real config is a few KiB; plain JSON, parsed in C, may be larger)."""
     size = len(text.encode("utf-8"))
-    if size > inputs.MAX_PURE_PYTHON_BYTES:
+    if size > door.DS_CONFIG.slow_parse_bytes:
         raise InputError(f"is {size} bytes of {what}; a {what} config is limited to "
-                         f"{inputs.MAX_PURE_PYTHON_BYTES} bytes (plain JSON may be larger)", path=path)
+                         f"{door.DS_CONFIG.slow_parse_bytes} bytes (plain JSON may be larger)", path=path)
 
 
 def _strict(loads, text: str, path: Path):
@@ -201,7 +201,7 @@ class YamlBombError(ValueError):
     pass
 
 
-def bounded_yaml_loader(max_nodes: int = inputs.MAX_NODES, max_depth: int = inputs.MAX_DEPTH):
+def bounded_yaml_loader(max_nodes: int = door.DS_CONFIG.max_nodes, max_depth: int = door.DS_CONFIG.max_depth):
     """A ``yaml.SafeLoader`` subclass that refuses what ``safe_load`` accepts and nothing downstream survives:
     an alias to an anchor that is still being defined (a structure containing itself), more than
     ``max_nodes`` nodes once aliases are expanded (billion laughs: 9 levels of 9 aliases are 3.9 billion),

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.config.check import canonical_key, check, read_both
 from dsdoctor.config.effective import AUTO
 from dsdoctor.config.load import LoadedConfig, load_config
@@ -22,7 +23,6 @@ from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_F
 from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
-from dsdoctor.fsutil import atomic_write_text, check_output_path
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
@@ -212,13 +212,13 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
     if loaded.ref_missing:
         raise InputError(f"names a DeepSpeed config that does not exist: {loaded.ref_path}", path=loaded.path)
     inputs = [p for p in (loaded.path, loaded.ref_path) if p]
-    check_output_path(out_path, force, inputs, kind="file")
+    door.check_output_path(out_path, force, inputs, kind="file")
     new, changes = inference_config(loaded, model=model, keep_auto=keep_auto)
     text = json.dumps(new, indent=2, ensure_ascii=False) + "\n"
     before = json.dumps(loaded.raw, indent=2, ensure_ascii=False) + "\n"
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),
                                         fromfile=loaded.ref_path or loaded.name, tofile=str(out_path)))
-    atomic_write_text(out_path, text, force=force, inputs=inputs)
+    door.atomic_write_text(out_path, text, force=force, inputs=inputs)
     findings = check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference", model=model).findings
     return SplitResult(source=loaded.name, out=str(out_path), kind=loaded.kind, keep_auto=keep_auto, config=new,
                        changes=changes, diff=diff, findings=findings)

@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dsdoctor import inputs
+from dsdoctor import door
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.model.formulas import estimate_params, falcon_kv_heads, tied
@@ -59,7 +59,7 @@ def _find_config(path: str | os.PathLike) -> Path:
 def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
     """The parsed config.json: a regular file of bounded size, depth and node count (untrusted input)."""
     p = _find_config(path)
-    text = inputs.read_text(p, "model config.json", inputs.MAX_CONFIG_BYTES)
+    text = door.read_text(p, door.MODEL_CONFIG)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -68,7 +68,7 @@ def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
         raise InputError("is nested too deeply", path=p) from None
     if not isinstance(data, dict):
         raise InputError("config.json must hold a JSON object", path=p)
-    inputs.check_tree(data, p)
+    door.check_tree(data, p, door.MODEL_CONFIG)
     return p, data
 
 
@@ -109,7 +109,7 @@ def load_model_spec(path: str | os.PathLike) -> ModelSpec:
 def spec_from_config(cfg: dict, path: str | os.PathLike) -> ModelSpec:
     """The spec of a parsed ``config.json`` (untrusted: bounded here too); ``path`` names where it came from."""
     p = Path(path)
-    inputs.check_tree(cfg, p)
+    door.check_tree(cfg, p, door.MODEL_CONFIG)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     hidden = _int(text, p, "hidden_size", "n_embd", "n_embed", "d_model", limit=LIMITS["hidden_size"])
     heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads", limit=LIMITS["num_heads"])

@@ -77,11 +77,13 @@ def find_checkpoint(config_path: str | None, weights_bytes: int, dtype: str | No
                 files, fmt = found, kind
                 break
         if fmt == "bin" and files:
+            from dsdoctor import door
+            from dsdoctor.errors import InputError
+
             try:  # the zip format (torch >= 1.6) starts with PK; older pickles are read whole
-                with open(directory / files[0][0], "rb") as fh:
-                    if fh.read(2) != b"PK":
-                        fmt = "bin-legacy"
-            except OSError:
+                if door.read_head(directory / files[0][0], 2, door.WEIGHTS_BIN) != b"PK":
+                    fmt = "bin-legacy"
+            except InputError:
                 pass
     if files:
         total = sum(s for _, s in files)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.errors import InputError
-from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.plan.result import PlanResult, label
 from dsdoctor.units import human_bytes
 
@@ -122,7 +122,7 @@ def write_plots(result: PlanResult, directory: str | Path, lang: str = "en", for
     png = render_png(result)
     page = render_html(result, lang)
     target = Path(directory)
-    with atomic_output_dir(target, force=force, command="plan --plot") as tmp:
-        (tmp / "plan.png").write_bytes(png)
-        (tmp / "plan.html").write_text(page, encoding="utf-8")
+    with door.atomic_output_dir(target, force=force, command="plan --plot") as tmp:
+        door.write_new(tmp / "plan.png", png)
+        door.write_new(tmp / "plan.html", page)
     return [target / "plan.png", target / "plan.html"]

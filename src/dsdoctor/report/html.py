@@ -28,7 +28,9 @@ def _inline(text: str) -> str:
 def _image(alt: str, src: str, base: Path | None) -> str:
     path = Path(src) if base is None else base / src
     if path.suffix.lower() == ".png" and path.is_file():
-        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        from dsdoctor import door
+
+        data = base64.b64encode(door.read_bytes(path, door.FIGURE)).decode("ascii")
         src = f"data:image/png;base64,{data}"
     return f'<p><img alt="{html.escape(alt)}" src="{html.escape(src)}"></p>'
 

@@ -122,14 +122,15 @@ def write_report(result: Result, directory, lang: str = "en", *, also_markdown: 
                  html_title: str | None = None) -> None:
     """The one report writer: ``report.json`` and ``report.md`` in ``lang`` into ``directory``, plus
     ``report.<lang>.md`` for each of ``also_markdown`` and ``report.html`` (images inlined) with a title."""
+    from dsdoctor import door
+
     directory = Path(directory)
     markdown = result.to_markdown(lang)
-    (directory / "report.json").write_text(to_json(result.to_dict(lang)), encoding="utf-8")
-    (directory / "report.md").write_text(markdown, encoding="utf-8")
+    door.write_new(directory / "report.json", to_json(result.to_dict(lang)))
+    door.write_new(directory / "report.md", markdown)
     for other in also_markdown:
-        (directory / f"report.{other}.md").write_text(result.to_markdown(other), encoding="utf-8")
+        door.write_new(directory / f"report.{other}.md", result.to_markdown(other))
     if html_title:
         from dsdoctor.report.html import markdown_to_html
 
-        (directory / "report.html").write_text(markdown_to_html(markdown, html_title, base=directory),
-                                               encoding="utf-8")
+        door.write_new(directory / "report.html", markdown_to_html(markdown, html_title, base=directory))

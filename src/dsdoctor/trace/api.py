@@ -9,11 +9,10 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.errors import InputError
-from dsdoctor.fsutil import atomic_output_dir
 from dsdoctor.report.render import write_report
 from dsdoctor.trace import multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
@@ -70,15 +69,16 @@ def trace(command: list[str], out: str | None = None, timeout: float | None = No
     if nodes:  # one agent of a multi-node torchrun: a shared DIR, node-K/ each, node 0 writes the report
         return multinode.trace_node(command, str(out), nodes[0], nodes[1], timeout, force, echo, lang)
     if out is None:
-        with tempfile.TemporaryDirectory(prefix="dsdoctor-trace-") as tmp:
-            return _trace_into(Path(tmp), command, None, timeout, echo, lang, None)
-    with atomic_output_dir(out, force=force, command="trace") as tmp:
-        return _trace_into(Path(tmp), command, None, timeout, echo, lang, str(out))
+        with door.scratch_dir("dsdoctor-trace-") as tmp:
+            return _trace_into(tmp, command, None, timeout, echo, lang, None)
+    with door.atomic_output_dir(out, force=force, command="trace") as tmp:
+        return _trace_into(tmp, command, None, timeout, echo, lang, str(out))
 
 
-def report_only(out: str, lang: str = "en") -> TraceResult:
-    """Rebuild the whole report of a multi-node trace from every ``out/node-K`` there is."""
-    return multinode.report_only(str(out), lang=lang)
+def report_only(out: str, lang: str = "en", force: bool = False) -> TraceResult:
+    """Rebuild the whole report of a multi-node trace from every ``out/node-K`` there is (``force``: replace
+    the report files an earlier run wrote there)."""
+    return multinode.report_only(str(out), lang=lang, force=force)
 
 
 def _dirname(variant: str) -> str:
@@ -120,7 +120,7 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
         return result
 
     if out is None:
-        with tempfile.TemporaryDirectory(prefix="dsdoctor-ab-") as tmp:
-            return run_all(Path(tmp), None)
-    with atomic_output_dir(out, force=force, command="ab") as tmp:
-        return run_all(Path(tmp), str(out))
+        with door.scratch_dir("dsdoctor-ab-") as tmp:
+            return run_all(tmp, None)
+    with door.atomic_output_dir(out, force=force, command="ab") as tmp:
+        return run_all(tmp, str(out))

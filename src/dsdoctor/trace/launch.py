@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.errors import InputError
 from dsdoctor.proctree import contained_run, process_tree, signal_all, terminate_tree
 from dsdoctor.trace.observer import recorder
@@ -78,10 +79,10 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
 
 
 def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) -> RunOutcome:
-    trace_dir.mkdir(parents=True, exist_ok=True)
+    door.make_dir(trace_dir)
     echo = sys.stderr if echo is None else echo
     tail: collections.deque[str] = collections.deque(maxlen=200)
-    log = open(log_path, "w", encoding="utf-8") if log_path else None
+    log = door.open_new(log_path) if log_path else None
     start = time.time()
     run = contained_run()  # every process of the run ends with it, double-forked ones included
     with run:

@@ -12,17 +12,24 @@ filesystem every node can write. Nothing one node writes can clobber another's:
 Node 0 waits (up to ``wait_s``) for every node's ``done.json``, then reads every node's records into one
 report. Another node reports only its own ranks, in its own directory. ``report_only(DIR)`` rebuilds the whole report from what
 is there (``dsdoctor trace --report-only DIR``), e.g. when node 0 stopped waiting before a slow node ended.
+
+What may be replaced (``dsdoctor.door``): ``DIR`` is never replaced as a whole (it gets dsdoctor's marker
+when new or empty); ``DIR/node-K`` only with ``--force`` and only when its marker shows dsdoctor wrote
+everything in it; the report files in ``DIR`` only with ``--force`` (also with ``--report-only``) and only
+those ``DIR``'s marker lists as dsdoctor's, unchanged since. Both are checked before the run starts.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
 import sys
 import time
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.errors import InputError
-from dsdoctor.fsutil import atomic_write_text
 from dsdoctor.report.render import to_json
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import RankRecord, read_records
@@ -30,6 +37,8 @@ from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace
 
 _TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 DEFAULT_WAIT_S = 600.0
+TAIL_CHARS = 20000  # of a node's output.log, for --report-only
+REPORT_FILES = re.compile(r"^(report\.(json|md)|timeline\.html|timeline-rank-\d+\.png)$")  # what node 0 writes in DIR
 
 
 def _flag(command: list[str], names: tuple[str, ...]) -> str | None:
@@ -74,35 +83,33 @@ def _node_dir(out: Path, node: int) -> Path:
     return out / f"node-{node}"
 
 
+def _existing_reports(root: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(root) if REPORT_FILES.match(n))
+    except OSError:
+        return []
+
+
 def trace_node(command: list[str], out: str, nnodes: int, node: int, timeout: float | None, force: bool, echo,
                lang: str, wait_s: float | None = None) -> TraceResult:
-    root = Path(out)
-    if root.exists() and not root.is_dir():
-        raise InputError("exists and is not a directory", path=root)
+    root = door.shared_root(out, command="trace (multi-node)")
+    if node == 0:  # the report files it will replace at the end: refused now, not after the run
+        door.check_publish(root, _existing_reports(root), force)
     mine = _node_dir(root, node)
-    if mine.exists():
-        if not force:
-            raise InputError("already exists; not overwriting", path=mine, hint="pass --force to replace this node's part")
-        import shutil
-
-        shutil.rmtree(mine)
-    if node == 0 and force:
-        for name in ("report.json", "report.md", "timeline.html"):
-            (root / name).unlink(missing_ok=True)
-    mine.mkdir(parents=True)
-    outcome = run_command(command, mine / "records", timeout=timeout, log_path=mine / "output.log", echo=echo)
-    atomic_write_text(mine / "done.json", json.dumps({
-        "node_rank": node, "nnodes": nnodes, "host": socket.gethostname(), "returncode": outcome.returncode,
-        "timed_out": outcome.timed_out, "wall_s": outcome.wall_s, "command": command}), force=True)
-    if node != 0:  # its own ranks, in its own directory
-        return _result(mine, [mine], lang, tail=outcome.output_tail, timeout=timeout, command=command)
+    with door.live_output_dir(mine, force=force, command=f"trace (node {node} of {nnodes})"):
+        outcome = run_command(command, mine / "records", timeout=timeout, log_path=mine / "output.log", echo=echo)
+        door.write_record(mine / "done.json", json.dumps({
+            "node_rank": node, "nnodes": nnodes, "host": socket.gethostname(), "returncode": outcome.returncode,
+            "timed_out": outcome.timed_out, "wall_s": outcome.wall_s, "command": command}))
+        if node != 0:  # its own ranks, in its own directory
+            return _result(mine, [mine], lang, tail=outcome.output_tail, timeout=timeout, command=command)
     limit = wait_s if wait_s is not None else (timeout or DEFAULT_WAIT_S)
     waited = _wait_for_nodes(root, nnodes, limit)
     if waited:
         print(f"dsdoctor trace: node(s) {', '.join(map(str, waited))} did not finish within {limit:g}s; reporting "
-              f"what is there (later: dsdoctor trace --report-only {out})", file=sys.stderr, flush=True)
+              f"what is there (later: dsdoctor trace --report-only --force {out})", file=sys.stderr, flush=True)
     return _result(root, [_node_dir(root, k) for k in range(nnodes)], lang, tail=outcome.output_tail,
-                   timeout=timeout, command=command)
+                   timeout=timeout, command=command, publish=True, force=force)
 
 
 def _wait_for_nodes(root: Path, nnodes: int, limit: float) -> list[int]:
@@ -121,9 +128,10 @@ def _wait_for_nodes(root: Path, nnodes: int, limit: float) -> list[int]:
 
 def _read_done(node_dir: Path) -> dict | None:
     try:
-        return json.loads((node_dir / "done.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        done = door.read_json(node_dir / "done.json", door.NODE_RECORD)
+    except InputError:
         return None
+    return done if isinstance(done, dict) else None
 
 
 def _records(dirs: list[Path]) -> list[RankRecord]:
@@ -135,8 +143,10 @@ def _records(dirs: list[Path]) -> list[RankRecord]:
 
 
 def _result(dest: Path, dirs: list[Path], lang: str, tail: str, timeout: float | None,
-            command: list[str] | None) -> TraceResult:
-    """The report over the ranks in ``dirs``, written into ``dest`` (report.json, report.md, timelines)."""
+            command: list[str] | None, publish: bool = False, force: bool = False) -> TraceResult:
+    """The report over the ranks in ``dirs``, written into ``dest`` (report.json, report.md, timelines): a
+    node's own folder, or (``publish``) the shared folder, where the files replace an earlier report only
+    with ``force`` (``door.publish_into``)."""
     dones = [(d, _read_done(d)) for d in dirs]
     timed_out = any(x and x.get("timed_out") for _, x in dones)
     missing = [d.name for d, x in dones if x is None]
@@ -158,21 +168,30 @@ def _result(dest: Path, dirs: list[Path], lang: str, tail: str, timeout: float |
     result = TraceResult(command=list(command), status=status, returncode=returncode, wall_s=wall, timeout=timeout,
                          ranks=ranks, findings=findings, variant=None, out_dir=final, log=log, output_tail=tail)
     result.nodes = {d.name: (x or {"missing": True}) for d, x in dones}
+    if publish:
+        with door.publish_into(dest, force, command="trace") as staging:
+            _write_report(result, staging, lang)
+    else:
+        _write_report(result, dest, lang)
+    return result
+
+
+def _write_report(result: TraceResult, directory: Path, lang: str) -> None:
     from dsdoctor.trace.plot import write_timelines
 
     try:
-        write_timelines(result, dest)
+        write_timelines(result, directory)
     except Exception as exc:  # a picture must not cost the report
         print(f"dsdoctor: timeline picture skipped: {type(exc).__name__}: {exc}", file=sys.stderr)
     data = result.to_dict(lang)
     data["nodes"] = result.nodes
-    atomic_write_text(dest / "report.json", to_json(data), force=True)
-    atomic_write_text(dest / "report.md", result.to_markdown(lang), force=True)
-    return result
+    door.write_new(directory / "report.json", to_json(data))
+    door.write_new(directory / "report.md", result.to_markdown(lang))
 
 
-def report_only(out: str, lang: str = "en", timeout: float | None = None) -> TraceResult:
-    """The whole report again from every ``DIR/node-*`` there is (plus a single-node ``DIR/records``)."""
+def report_only(out: str, lang: str = "en", timeout: float | None = None, force: bool = False) -> TraceResult:
+    """The whole report again from every ``DIR/node-*`` there is (plus a single-node ``DIR/records``); the
+    report files of an earlier run are replaced only with ``force``."""
     root = Path(out)
     if not root.is_dir():
         raise InputError("is not a trace directory", path=root)
@@ -180,11 +199,12 @@ def report_only(out: str, lang: str = "en", timeout: float | None = None) -> Tra
     if not dirs:
         raise InputError("holds no node-K directories of a multi-node trace", path=root,
                          hint="run dsdoctor trace -o DIR -- torchrun --nnodes N --node-rank K ... on every node")
+    door.check_publish(root, _existing_reports(root), force)
     tail = ""
     log = dirs[0] / "output.log"
     if log.is_file():
-        tail = log.read_text(encoding="utf-8", errors="replace")[-20000:]
-    return _result(root, dirs, lang, tail=tail, timeout=timeout, command=None)
+        tail = door.read_tail(log, 4 * TAIL_CHARS + 4, door.RUN_LOG)[-TAIL_CHARS:]
+    return _result(root, dirs, lang, tail=tail, timeout=timeout, command=None, publish=True, force=force)
 
 
 def _node_number(name: str) -> int:

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import warnings
 from pathlib import Path
 
+from dsdoctor import door
 from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
@@ -29,16 +31,17 @@ def write_timelines(result: TraceResult, directory: Path) -> list[str]:
             if not r.timeline and not r.phases:
                 continue
             name = f"timeline-rank-{r.rank}.png"
-            _plot_rank(plt, r, directory / name)
+            door.write_new(directory / name, _plot_rank(plt, r))
             r.timeline_png = name
             written.append(name)
     note = None if plt is not None else "No memory chart: matplotlib is not installed (pip install matplotlib)."
-    (directory / "timeline.html").write_text(_html(result, directory, note), encoding="utf-8")
+    door.write_new(directory / "timeline.html", _html(result, directory, note))
     written.append("timeline.html")
     return written
 
 
-def _plot_rank(plt, r, path: Path):
+def _plot_rank(plt, r) -> bytes:
+    """The rank's memory timeline as PNG bytes."""
     fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
     if r.timeline:
         t = [x[0] for x in r.timeline]
@@ -67,8 +70,10 @@ def _plot_rank(plt, r, path: Path):
     with warnings.catch_warnings():  # long titles: a layout warning is not the user's business
         warnings.simplefilter("ignore")
         fig.tight_layout()
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
+    return buf.getvalue()
 
 
 def _html(result: TraceResult, directory: Path, note: str | None = None) -> str:
@@ -82,7 +87,7 @@ def _html(result: TraceResult, directory: Path, note: str | None = None) -> str:
     for r in result.ranks:
         parts.append(f"<h2>rank {r.rank} ({html.escape(str(r.host))}) — {html.escape(r.status)}</h2>")
         if r.timeline_png and (directory / r.timeline_png).is_file():
-            data = base64.b64encode((directory / r.timeline_png).read_bytes()).decode()
+            data = base64.b64encode(door.read_bytes(directory / r.timeline_png, door.FIGURE)).decode()
             parts.append(f"<img alt='rank {r.rank} timeline' src='data:image/png;base64,{data}'>")
         parts.append("<table><tr><th>phase</th><th>seconds</th><th>peak GPU</th><th>peak host</th><th>pinned</th>"
                      "<th>tokens/s</th></tr>")

@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsdoctor import door
+
 
 @dataclass
 class PhaseRecord:
@@ -71,60 +73,59 @@ class RankRecord:
 def read_rank(path: Path) -> RankRecord | None:
     rec = None
     open_phases: dict[tuple[str, int], PhaseRecord] = {}
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue  # a line cut off by a kill
-            kind = ev.get("event")
-            if kind == "start":
-                rec = RankRecord(file=path.name, rank=int(ev.get("rank") or 0), host=ev.get("host"), pid=ev.get("pid"),
-                                 world_size=ev.get("world_size"), host_total=ev.get("host_total"), t0=ev.get("t"),
-                                 variant=ev.get("variant"))
-            if rec is None:
+    for line in door.iter_lines(path, door.TRACE_RECORD):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue  # a line cut off by a kill
+        kind = ev.get("event")
+        if kind == "start":
+            rec = RankRecord(file=path.name, rank=int(ev.get("rank") or 0), host=ev.get("host"), pid=ev.get("pid"),
+                             world_size=ev.get("world_size"), host_total=ev.get("host_total"), t0=ev.get("t"),
+                             variant=ev.get("variant"))
+        if rec is None:
+            continue
+        rec.t_last = ev.get("t", rec.t_last)
+        if kind == "samples":
+            rec.samples.extend(ev.get("data") or [])
+        elif kind == "phase_start":
+            ph = PhaseRecord(name=ev["phase"], index=int(ev.get("index", 0)), t_start=ev["t"],
+                             host_rss_start=ev.get("host_rss"))
+            ph.info = {k: v for k, v in ev.items() if k not in _START_KEYS}
+            open_phases[(ph.name, ph.index)] = ph
+            rec.phases.append(ph)
+            rec.gap_peaks.append((ev["t"], ev.get("gap_peak_host_rss"),
+                                  ev.get("gap_peak_gpu_reserved")))
+        elif kind == "phase_end":
+            ph = open_phases.pop((ev.get("phase"), int(ev.get("index", 0))), None)
+            if ph is None:
                 continue
-            rec.t_last = ev.get("t", rec.t_last)
-            if kind == "samples":
-                rec.samples.extend(ev.get("data") or [])
-            elif kind == "phase_start":
-                ph = PhaseRecord(name=ev["phase"], index=int(ev.get("index", 0)), t_start=ev["t"],
-                                 host_rss_start=ev.get("host_rss"))
-                ph.info = {k: v for k, v in ev.items() if k not in _START_KEYS}
-                open_phases[(ph.name, ph.index)] = ph
-                rec.phases.append(ph)
-                rec.gap_peaks.append((ev["t"], ev.get("gap_peak_host_rss"),
-                                      ev.get("gap_peak_gpu_reserved")))
-            elif kind == "phase_end":
-                ph = open_phases.pop((ev.get("phase"), int(ev.get("index", 0))), None)
-                if ph is None:
-                    continue
-                ph.t_end = ev["t"]
-                for key in ("duration_s", "peak_gpu_allocated", "peak_gpu_reserved", "gpu_used_device", "gpu_total",
-                            "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
-                    setattr(ph, key, ev.get(key))
-                ph.host_rss_end = ev.get("host_rss")
-                for key in ("engine", "model", "forwards", "new_tokens_per_seq"):
-                    if ev.get(key) is not None:
-                        ph.info[key] = ev[key]
-            elif kind == "config":
-                rec.configs.append(ev)
-            elif kind == "model":
-                rec.models.append(ev)
-            elif kind == "zero_shards_to_init_inference":
-                rec.shard_loads.extend(ev.get("files") or [])
-            elif kind == "train":
-                rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
-            elif kind == "uncaught":
-                rec.uncaught = ev.get("error")
-            elif kind == "exit":
-                rec.exited = True
+            ph.t_end = ev["t"]
+            for key in ("duration_s", "peak_gpu_allocated", "peak_gpu_reserved", "gpu_used_device", "gpu_total",
+                        "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
+                setattr(ph, key, ev.get(key))
+            ph.host_rss_end = ev.get("host_rss")
+            for key in ("engine", "model", "forwards", "new_tokens_per_seq"):
+                if ev.get(key) is not None:
+                    ph.info[key] = ev[key]
+        elif kind == "config":
+            rec.configs.append(ev)
+        elif kind == "model":
+            rec.models.append(ev)
+        elif kind == "zero_shards_to_init_inference":
+            rec.shard_loads.extend(ev.get("files") or [])
+        elif kind == "train":
+            rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
+        elif kind == "uncaught":
+            rec.uncaught = ev.get("error")
+        elif kind == "exit":
+            rec.exited = True
     if rec is None:
         return None
     _mark_repeated(rec.phases)
     stack = path.with_name(path.name[: -len(".jsonl")] + ".stack.txt")
     if stack.is_file():
-        rec.stack = stack.read_text(encoding="utf-8", errors="replace").strip() or None
+        rec.stack = door.read_text(stack, door.STACK_DUMP, errors="replace").strip() or None
     return rec
 
 

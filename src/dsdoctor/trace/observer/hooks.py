@@ -52,10 +52,12 @@ def _variant_name() -> str | None:
 # ------------------------------------------------------------------------ config helpers
 
 def _load_config_file(path) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError:
+    from dsdoctor import door
+    from dsdoctor.errors import InputError
+
+    try:  # a regular file of bounded size (a FIFO would block the user's rank here)
+        text = door.read_text(path, door.DS_CONFIG)
+    except InputError:
         return None
     try:
         return json.loads(text)

@@ -2,7 +2,8 @@
 
 Every phase start and end is written and flushed at once, so a rank that is killed or hangs still leaves its
 last phase behind. A daemon thread samples host RSS and GPU memory for the timeline and flushes about once a
-second. Only the standard library is imported here; torch is looked up in ``sys.modules`` and never imported.
+second. Only the standard library and ``dsdoctor.door`` (itself standard library only) are imported here;
+torch is looked up in ``sys.modules`` and never imported.
 
 Environment variables are named ``PYTHON_DSDOCTOR_*`` on purpose: DeepSpeed's multi-node runner forwards
 every variable whose name starts with ``PYTHON`` to every node (``EXPORT_ENVS`` in
@@ -18,6 +19,8 @@ import socket
 import sys
 import threading
 import time
+
+from dsdoctor import door
 
 ENV_DIR = "PYTHON_DSDOCTOR_TRACE_DIR"
 ENV_VARIANT = "PYTHON_DSDOCTOR_AB_VARIANT"
@@ -39,22 +42,20 @@ def env_rank() -> int | None:
 
 def host_rss() -> int | None:
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
+        return int((door.read_proc("/proc/self/statm", 4096) or b"").split()[1]) * _PAGE
+    except (ValueError, IndexError):
         return None
 
 
 def host_peak_rss() -> int | None:
     """VmHWM: the process's peak RSS since it started. Read only: the observer never resets it (writing
     ``/proc/self/clear_refs`` would change what the traced program reads about itself)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
+    for line in (door.read_proc("/proc/self/status", 1 << 16) or b"").decode("ascii", "replace").splitlines():
+        if line.startswith("VmHWM:"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (ValueError, IndexError):
+                return None
     return None
 
 
@@ -238,14 +239,13 @@ class Recorder:
     """One per process, created on the first observed call (so launchers that import deepspeed stay silent)."""
 
     def __init__(self, directory: str):
-        os.makedirs(directory, exist_ok=True)
         rank = env_rank()
         self.rank = 0 if rank is None else rank
         self.host = socket.gethostname()
         self.pid = os.getpid()
         stem = os.path.join(directory, f"rank-{self.rank}.{self.host}.{self.pid}")
         self.path = stem + ".jsonl"
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = door.record_file(self.path, "a")  # makes the folder if the parent did not
         self._lock = threading.Lock()
         self._samples: list[list] = []
         self._busy = threading.local()
@@ -307,7 +307,7 @@ class Recorder:
             if threading.current_thread() is not threading.main_thread():
                 return
             previous = signal.getsignal(signal.SIGUSR1)
-            self._stack_fh = open(path, "w", encoding="utf-8")
+            self._stack_fh = door.record_file(path, "w")
             faulthandler.register(signal.SIGUSR1, file=self._stack_fh, all_threads=True,
                                   chain=previous not in (signal.SIG_DFL, signal.SIG_IGN, None))
         except Exception:
