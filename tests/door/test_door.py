@@ -1,5 +1,5 @@
 """The door's own rules, one function at a time, on real files under tmp_path (the commands' use of them is in
-test_regressions.py and tests/test_fsutil.py)."""
+test_regressions.py and tests/door/test_outputs.py)."""
 from __future__ import annotations
 
 import json
