@@ -15,7 +15,7 @@ import psutil
 import torch
 
 
-def main():
+def main():  # noqa: PLR0915
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
     ap.add_argument("out")

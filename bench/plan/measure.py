@@ -43,7 +43,7 @@ def rss() -> int:
         return 0
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901,PLR0912,PLR0915
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True, help="JSON list of cases (bench/plan/cases.py shape)")
     ap.add_argument("--models", required=True, help="directory with <model>/config.json")

@@ -48,7 +48,7 @@ def log(*parts):
     print(*parts, file=sys.stderr, flush=True)
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901,PLR0915
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=4)

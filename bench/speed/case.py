@@ -33,7 +33,7 @@ def write_history(torch, raw_path: str, cid: str) -> str:
     return name
 
 
-def main() -> int:
+def main() -> int:  # noqa: C901,PLR0912,PLR0915
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", required=True)
     ap.add_argument("--models", required=True)

@@ -399,7 +399,7 @@ def _no_config_reason(captured: Captured | None) -> dict[str, str]:
     return SKIPPED["no config"]
 
 
-def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,
+def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,  # noqa: C901,PLR0912,PLR0915
              batch: int | None = None, prompt_len: int | None = None, new_tokens: int | None = None,
              dtype: str | None = None, checkpoint=None, command: list[str] | None = None, out="dsdoctor-out",
              force: bool = False, timeout: float | None = None, lang: str = "en",

@@ -89,7 +89,7 @@ def _default_progress(msg: str) -> None:
     print(f"[calibrate {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool = True, progress=None,
+def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool = True, progress=None,  # noqa: C901,PLR0912,PLR0915
               gpus_for_collectives: int | None = None, force: bool = False) -> CalibrateResult:
     """Measure this machine and write its profile (the per-machine cache file and/or ``out``: a new file, or
     with ``force`` a regular file replaced)."""

@@ -175,7 +175,7 @@ def _progress(total: int, enabled: bool):
                 disable=not sys.stderr.isatty(), leave=False)
 
 
-def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",
+def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",  # noqa: C901,PLR0915
           model=None, force: bool = False, progress: bool = True) -> MergeResult:
     """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``."""
     started = time.perf_counter()

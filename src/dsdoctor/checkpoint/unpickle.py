@@ -283,7 +283,7 @@ _NEW_FROM = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "BINPERSID": 1, "STACK_GLOBA
              "NEWOBJ": 2, "NEWOBJ_EX": 3}
 
 
-def prescan(data: bytes) -> tuple[int, int, int]:
+def prescan(data: bytes) -> tuple[int, int, int]:  # noqa: C901,PLR0912,PLR0915
     """Check the object graph a pickle would build, without building it: (objects, tree size, depth).
 
     Every opcode is simulated on a stack of node numbers; memo GETs push the same node again (sharing),
@@ -479,7 +479,7 @@ def load(path: str | os.PathLike):
             return _load_zip(zf, fh, size, path)
 
 
-def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):
+def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):  # noqa: C901,PLR0912
     infos = {i.filename: i for i in zf.infolist()}
     pkl_names = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
     if len(pkl_names) != 1:

@@ -151,7 +151,7 @@ def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
     return {name: tuple(t.shape) for name, t in sd.items()}, groups
 
 
-def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
+def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:  # noqa: C901,PLR0912,PLR0915
     """Check merged weights in ``out_dir`` against the model whose config is in ``model``."""
     weights = index_weights(out_dir)
     config = _load_config(model)

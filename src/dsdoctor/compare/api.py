@@ -265,7 +265,7 @@ def probe_ids(vocab_size: int) -> list[int]:
 
 
 # -- the call ---------------------------------------------------------------------------------------------
-def compare(
+def compare(  # noqa: C901,PLR0912,PLR0915
     model_dir,
     model_dir_b=None,
     paths=None,

@@ -264,7 +264,7 @@ DEPRECATED_REPLACED = {
 }
 
 
-def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int | None = None) -> Effective:
+def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int | None = None) -> Effective:  # noqa: C901,PLR0912,PLR0915
     """Effective settings of the DeepSpeed config dict ``raw`` as ``filler`` leaves it.
 
     ``filler="deepspeed"``: raw ``deepspeed.initialize`` (nothing fills "auto").

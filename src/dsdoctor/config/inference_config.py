@@ -73,7 +73,7 @@ def _section(raw: dict, where: str, fields: dict, invalid: list) -> dict:
     return out
 
 
-def read_inference_config(raw: dict) -> InferenceSettings:
+def read_inference_config(raw: dict) -> InferenceSettings:  # noqa: C901,PLR0912,PLR0915
     invalid: list[tuple[str, str]] = []
     for k, v in raw.items():
         if k in _BOOLS:

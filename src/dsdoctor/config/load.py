@@ -201,7 +201,7 @@ class YamlBombError(ValueError):
     pass
 
 
-def bounded_yaml_loader(max_nodes: int = door.DS_CONFIG.max_nodes, max_depth: int = door.DS_CONFIG.max_depth):
+def bounded_yaml_loader(max_nodes: int = door.DS_CONFIG.max_nodes, max_depth: int = door.DS_CONFIG.max_depth):  # noqa: C901
     """A ``yaml.SafeLoader`` subclass that refuses what ``safe_load`` accepts and nothing downstream survives:
     an alias to an anchor that is still being defined (a structure containing itself), more than
     ``max_nodes`` nodes once aliases are expanded (billion laughs: 9 levels of 9 aliases are 3.9 billion),

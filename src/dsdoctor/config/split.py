@@ -80,7 +80,7 @@ class SplitResult:
 
 
 
-def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:
+def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:  # noqa: C901,PLR0912,PLR0915
     """The inference config of ``loaded`` and the change list (pure: nothing is written)."""
     from dsdoctor.config.runner import is_init_inference_config
 

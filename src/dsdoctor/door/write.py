@@ -96,7 +96,7 @@ def _named(items: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:
+def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:  # noqa: C901,PLR0912
     """Raise InputError unless ``path`` may be written: a new path, or with ``force`` one dsdoctor may replace.
 
     ``kind`` is "dir" (replace only a folder holding dsdoctor's marker and nothing a user added) or "file"

@@ -55,7 +55,7 @@ def detect_host_memory() -> int | None:
     return meminfo().get("MemTotal")
 
 
-def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2d_bandwidth=None,
+def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2d_bandwidth=None,  # noqa: PLR0912
                   gpu_name: str | None = None, detect: bool = True) -> Hardware:
     detected, assumed = [], []
     found = detect_gpus() if detect and (gpus is None or gpu_memory is None) else None

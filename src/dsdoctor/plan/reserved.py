@@ -121,7 +121,7 @@ def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int
     return o
 
 
-def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv: dict, fetch, release,
+def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv: dict, fetch, release,  # noqa: PLR0915
              prefill: bool, logits_f32: bool = True):
     n = batch * new
     h = shape.hidden

@@ -171,7 +171,7 @@ def _lower(a, b) -> bool:
     return a is not None and b is not None and a < b * (1 - NOISE)
 
 
-def diagnose(variants: list[VariantResult]) -> list[Finding]:
+def diagnose(variants: list[VariantResult]) -> list[Finding]:  # noqa: C901
     gpu = any(v.peak_gpu_bytes is not None for v in variants)
     kind = Phrase("gpu" if gpu else "host")
     by = {v.name: v for v in variants}

@@ -70,7 +70,7 @@ class RankRecord:
         return None
 
 
-def read_rank(path: Path) -> RankRecord | None:
+def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
     rec = None
     open_phases: dict[tuple[str, int], PhaseRecord] = {}
     for line in door.iter_lines(path, door.TRACE_RECORD):

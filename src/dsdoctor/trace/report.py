@@ -367,7 +367,7 @@ def settle_timeout(ranks: list[RankSummary]) -> None:
 
 # ------------------------------------------------------------------ findings
 
-def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: str, returncode, timeout,
+def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: str, returncode, timeout,  # noqa: C901,PLR0912,PLR0915
                    log: str | None, output_tail: str, timed_out: bool = False) -> list[Finding]:
     out: list[Finding] = []
     if not records:

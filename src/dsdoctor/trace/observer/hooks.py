@@ -280,7 +280,7 @@ def _partition_state(model) -> dict | None:
             "hf_zero3_alive": _hf_zero3_enabled()}
 
 
-def _patch_deepspeed(ds):
+def _patch_deepspeed(ds):  # noqa: PLR0915
     if getattr(ds, "_dsdoctor_patched", False):
         return
     ds._dsdoctor_patched = True
