@@ -60,6 +60,7 @@ def test_atomic_output_dir_leaves_nothing_on_error(tmp_path):
     assert (target / "done.bin").exists() and len(list(tmp_path.iterdir())) == 1
 
 
+@pytest.mark.process
 def test_readme_finding_tables_match_the_rule_registry():
     import subprocess
     import sys

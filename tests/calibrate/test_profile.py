@@ -117,6 +117,7 @@ def test_plan_without_profile_says_what_is_assumed():
     assert "run `dsdoctor calibrate`" in res.to_text()
 
 
+@pytest.mark.process
 def test_plan_cli_machine_flag_bad_file_is_exit_2(tmp_path):
     bad = tmp_path / "p.json"
     bad.write_text("{}")
@@ -124,6 +125,7 @@ def test_plan_cli_machine_flag_bad_file_is_exit_2(tmp_path):
     assert r.returncode == 2 and "not a dsdoctor machine profile" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_plan_cli_reads_the_cached_profile(tmp_path):
     here = machine_description()
     save_profile(test_profile(FIGS, machine=here), tmp_path / f"machine-{fingerprint(here)}.json")

@@ -73,6 +73,7 @@ def test_pickle_bombs_are_refused_at_once(tmp_path, make, words):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.process
 def test_a_658_byte_class_memo_bomb_through_the_cli_ends_with_exit_2(tmp_path):
     ckpt = tmp_path / "ckpt"
     tag = ckpt / "global_step1"
@@ -423,6 +424,7 @@ def test_malformed_index_files_are_named(tmp_path, index, words):
     assert "model.safetensors.index.json" in str(err.value)
 
 
+@pytest.mark.process
 def test_verify_cli_names_a_malformed_header(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     f = _safetensors(tmp_path / "model.safetensors", {"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8)
@@ -435,7 +437,7 @@ def test_verify_cli_names_a_malformed_header(tmp_path):
 def _synthetic(tmp_path: Path, crc: bool = True) -> tuple[Path, dict]:
     import torch
 
-    from tests.test_checkpoint_rebuild import write_zero3
+    from tests.checkpoint.test_rebuild import write_zero3
 
     params = {"a": torch.randn(300, 7, generator=torch.Generator().manual_seed(1)), "b": torch.randn(5)}
     previous = torch.serialization.get_crc32_options()
@@ -447,6 +449,7 @@ def _synthetic(tmp_path: Path, crc: bool = True) -> tuple[Path, dict]:
     return tmp_path / "ckpt", params
 
 
+@pytest.mark.process
 def test_crc_mismatch_in_any_record_stops_the_merge(tmp_path):
     ckpt, _ = _synthetic(tmp_path)
     victim = _tag(ckpt) / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -461,6 +464,7 @@ def test_crc_mismatch_in_any_record_stops_the_merge(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+@pytest.mark.process
 def test_checkpoint_saved_without_crcs_merges_with_a_note(tmp_path):
     import torch
 

@@ -14,7 +14,7 @@ WEIGHT = "model.layers.1.mlp.down_proj.weight"
 def weights(tmp_path_factory):
     from safetensors.torch import load_file, save_file
 
-    from tests.test_compare_cli import _save_tiny_llama
+    from tests.compare.test_cli import _save_tiny_llama
 
     root = tmp_path_factory.mktemp("drift")
     ref = _save_tiny_llama(root / "ref")
@@ -28,6 +28,7 @@ def weights(tmp_path_factory):
     return ref, broken
 
 
+@pytest.mark.process
 def test_same_tokens_with_logits_beyond_tolerance_fail_the_compare(weights, tmp_path):
     from dsdoctor.compare.api import compare
 
@@ -52,6 +53,7 @@ def test_same_tokens_with_logits_beyond_tolerance_fail_the_compare(weights, tmp_
     assert "not the same model" in finding["message"]
 
 
+@pytest.mark.process
 def test_identical_weights_still_match(weights, tmp_path):
     ref, _ = weights
     copy = tmp_path / "copy"

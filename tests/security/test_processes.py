@@ -50,6 +50,7 @@ def _cleanup(pids):
     proctree.signal_all([p for p in pids if p and not _gone(p)], signal.SIGKILL)
 
 
+@pytest.mark.process
 def test_trace_ends_a_double_forked_daemon_when_the_command_exits(tmp_path):
     pid_file = tmp_path / "daemon.pid"
     proc = run_cli("trace", "-o", tmp_path / "trace", "--", sys.executable, DOUBLE_FORK, pid_file, timeout=WAIT_S * 2)
@@ -62,6 +63,7 @@ def test_trace_ends_a_double_forked_daemon_when_the_command_exits(tmp_path):
         _cleanup([daemon])
 
 
+@pytest.mark.process
 def test_trace_timeout_ends_the_command_and_its_daemon(tmp_path):
     pid_file = tmp_path / "daemon.pid"
     proc = run_cli("trace", "-o", tmp_path / "trace", "--timeout", "3", "--", sys.executable, DOUBLE_FORK, pid_file,
@@ -75,6 +77,7 @@ def test_trace_timeout_ends_the_command_and_its_daemon(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.process
 def test_signal_to_trace_ends_every_process_of_the_run(tmp_path, sig):
     pid_file = tmp_path / "daemon.pid"
     dsd = _start(["trace", "-o", tmp_path / "trace", "--", sys.executable, DOUBLE_FORK, pid_file, "--hang"])
@@ -108,6 +111,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+@pytest.mark.process
 def test_compare_launch_ends_the_launcher_tree_on_sigterm(tmp_path):
     """compare's multi-rank launch (``_run_group``) with a stand-in launcher that leaves a daemon and hangs:
     SIGTERM to the process running it ends the launcher and the daemon. Fast; the real DeepSpeed launch is
@@ -138,6 +142,7 @@ def test_compare_launch_ends_the_launcher_tree_on_sigterm(tmp_path):
             runner.communicate()
 
 
+@pytest.mark.process
 def test_contained_run_library_ends_tagged_processes_that_escaped_to_init(tmp_path):
     """Without the subreaper (another process could be it), the run's tag in the environment still finds a
     process that double-forked away."""
@@ -159,7 +164,7 @@ def test_contained_run_library_ends_tagged_processes_that_escaped_to_init(tmp_pa
 
 @pytest.mark.deepspeed
 def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(tmp_path):
-    from tests.test_compare_cli import _save_tiny_llama
+    from tests.compare.test_cli import _save_tiny_llama
 
     model = _save_tiny_llama(tmp_path / "model")
     env = dict(deepspeed_env(), PYTHONIOENCODING="utf-8")

@@ -132,6 +132,7 @@ def test_nodes_of_refuses_what_cannot_be_kept_apart(cmd):
         nodes_of(cmd)
 
 
+@pytest.mark.process
 def test_report_only_needs_node_directories(tmp_path):
     r = run_cli("trace", "--report-only", str(tmp_path))
     assert r.returncode == 2 and "node-K" in r.stderr and "Traceback" not in r.stderr
@@ -139,6 +140,7 @@ def test_report_only_needs_node_directories(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_multinode_command_without_node_rank_is_bad_input(tmp_path):
     r = run_cli("trace", "-o", str(tmp_path / "t"), "--", sys.executable, "-m", "torch.distributed.run",
                 "--nnodes", "2", "x.py")
@@ -257,6 +259,7 @@ def test_gather_once_no_faster_is_only_info():
     assert f.effective_severity == "info"
 
 
+@pytest.mark.process
 def test_torch_backward_and_optimizer_step_are_seen_without_an_engine(tmp_path):
     out = tmp_path / "t"
     r = run_cli("trace", "-q", "--format", "json", "-o", str(out), "--", sys.executable,

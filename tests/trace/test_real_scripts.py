@@ -28,6 +28,7 @@ def _trace(tmp_path, *command, timeout_s=None, env=None, fail_on="error"):
 
 # ---------------------------------------------------------------- real processes without DeepSpeed ranks
 
+@pytest.mark.process
 def test_encoder_decoder_tokens_are_the_decoder_output_not_output_minus_prompt(tmp_path):
     """T5's generate returns the decoder start token + new tokens; the prompt (20 tokens) is not in it."""
     r, data = _trace(tmp_path, sys.executable, SCRIPTS / "t5_generate.py")
@@ -45,6 +46,7 @@ def test_encoder_decoder_tokens_are_the_decoder_output_not_output_minus_prompt(t
     assert model["config"]["d_model"] == 32 and model["num_params"] > 0
 
 
+@pytest.mark.process
 def test_a_model_loaded_twice_gives_two_numbered_load_phases(tmp_path):
     r, data = _trace(tmp_path, sys.executable, SCRIPTS / "load_twice.py")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -54,6 +56,7 @@ def test_a_model_loaded_twice_gives_two_numbered_load_phases(tmp_path):
     assert rank["model_captured"]["config"]["num_hidden_layers"] == 2
 
 
+@pytest.mark.process
 def test_ranks_that_finished_before_the_timeout_are_finished_not_hung(tmp_path):
     """Both ranks exit successfully; only the launcher is still running when the watchdog fires."""
     r, data = _trace(tmp_path, sys.executable, SCRIPTS / "ranks_exit_before_timeout.py", timeout_s=20)

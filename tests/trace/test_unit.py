@@ -190,6 +190,7 @@ def test_ab_diagnosis_table(rows, code):
 
 # ---------------------------------------------------------------- CLI and real processes
 
+@pytest.mark.process
 def test_cli_failure_paths_are_one_line_and_exit_2(tmp_path):
     r = run_cli("trace", "-o", str(tmp_path / "a"))
     assert r.returncode == 2 and r.stderr.startswith("dsdoctor: error: no command given") and "Traceback" not in r.stderr
@@ -205,6 +206,7 @@ def test_cli_failure_paths_are_one_line_and_exit_2(tmp_path):
     assert r.returncode == 2 and "--timeout" in r.stderr
 
 
+@pytest.mark.process
 def test_trace_plain_transformers_generate_and_chained_sitecustomize(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
@@ -231,6 +233,7 @@ def test_trace_plain_transformers_generate_and_chained_sitecustomize(tmp_path):
     assert (out / "timeline-rank-0.png").stat().st_size > 1000 and (out / "timeline.html").is_file()
 
 
+@pytest.mark.process
 def test_observer_that_cannot_record_never_breaks_the_program(tmp_path):
     import subprocess
 
@@ -246,6 +249,7 @@ def test_observer_that_cannot_record_never_breaks_the_program(tmp_path):
     assert "dsdoctor: cannot record this rank" in r.stderr
 
 
+@pytest.mark.process
 def test_watchdog_ends_the_whole_tree_and_says_where(tmp_path):
     """A script that sleeps past the timeout: a timeout (DSD318, a warning), not a hang; where it was."""
     pidfile = tmp_path / "pids"
@@ -320,6 +324,7 @@ def test_optimizer_state_bytes_counts_each_buffer_once():
     assert _optimizer_state_bytes(Opt()) == 4000 + 1000 + 400
 
 
+@pytest.mark.process
 def test_help_and_rules_never_import_torch():
     import subprocess
 
