@@ -9,7 +9,9 @@ one fails, naming the marker to add.
 """
 import os
 import platform
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -26,6 +28,11 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("deepspeed") and not item.get_closest_marker("process"):
             item.add_marker(pytest.mark.process)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # in parallel, the slow tests first (DeepSpeed ranks, then other processes): the quick in-process
+        # ones fill the end, instead of one worker finishing a long launch while the other waits idle
+        items.sort(key=lambda item: 0 if item.get_closest_marker("deepspeed") else
+                   1 if item.get_closest_marker("process") else 2)
 
 
 # ---------------------------------------------------------------- no process without the marker
@@ -92,6 +99,9 @@ _PATCHES = pytest.MonkeyPatch()
 
 
 def pytest_configure(config):
+    # a machine profile someone calibrated on this machine (~/.cache/dsdoctor) would change what plan says:
+    # each test process gets an empty cache of its own (a test that needs one sets DSDOCTOR_CACHE_DIR itself)
+    os.environ["DSDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-cache-")
     # platform.processor() runs `uname -p` once per interpreter and caches it; dsdoctor's machine fingerprint
     # (calibrate/profile.py, read by every plan) asks for it. Asked here, before any test, it is not a
     # process the first in-process plan test starts.
@@ -101,6 +111,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     _PATCHES.undo()
+    shutil.rmtree(os.environ.pop("DSDOCTOR_CACHE_DIR", ""), ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -125,7 +125,11 @@ def test_rank_file_that_is_not_a_regular_file_is_refused(tmp_path, special):
 
 # ---- real DeepSpeed checkpoints, copied and damaged -----------------------------------------------------------
 
-deepspeed = pytest.mark.deepspeed
+
+
+def deepspeed(test):
+    """Reads the real checkpoints: made once per process, so one xdist worker runs every test that reads them."""
+    return pytest.mark.deepspeed(pytest.mark.xdist_group("zero_checkpoints")(test))
 
 
 def _tag(ckpt: Path) -> Path:

@@ -14,7 +14,8 @@ from dsdoctor.errors import InputError
 from tests.checkpoint_fixtures import read_merged, zero_checkpoints
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.deepspeed
+# the real checkpoints are made once per process: one xdist worker runs every test that reads them
+pytestmark = [pytest.mark.deepspeed, pytest.mark.xdist_group("zero_checkpoints")]
 
 
 @functools.cache
