@@ -23,13 +23,13 @@ example: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
-# make test: the whole suite, in parallel (pytest-xdist, one worker per core of a 2-core CI machine; the tests
-# that read the session's real ZeRO checkpoints share one worker), then the tests marked serial, alone.
+# make test: the whole suite, in parallel (pytest-xdist, one worker per core of a 2-core CI machine, handed one
+# test at a time, the slow ones first: tests/conftest.py), then the tests marked serial, alone.
 # make test-fast: only the tests that start no process (markers in pyproject.toml, enforced by tests/conftest.py).
 # PYTEST_ARGS adds pytest options to both, e.g. make test PYTEST_ARGS=--durations=25
 JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -q $(PYTEST_ARGS)
-PARALLEL := -n $(JOBS) --dist loadgroup
+PARALLEL := -n $(JOBS) --maxschedchunk 1
 
 test: lint
 	$(PYTEST) $(PARALLEL) -m "not serial"

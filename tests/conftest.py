@@ -77,17 +77,22 @@ def _describe(args) -> str:
 def _install_guard(mp: pytest.MonkeyPatch) -> None:
     import _posixsubprocess
 
-    def guarded(name, real, describe):
+    def guarded(name, real, describe, module=os, attr=None):
         def call(*args, **kwargs):
             _GUARD.check(f"{name} {describe(args)}")
             return real(*args, **kwargs)
+        # pickled by reference as what it stands in for (a test pickles os.system as an attacker would)
+        call.__module__, call.__name__ = module.__name__, attr or real.__name__
+        call.__qualname__ = call.__name__
         return call
 
     # fork_exec starts every subprocess.Popen (through subprocess's own alias of it) and multiprocessing's
     # spawn and forkserver children
     fork_exec = _posixsubprocess.fork_exec
-    mp.setattr(subprocess, "_fork_exec", guarded("subprocess", fork_exec, lambda a: _describe(a[0] or ())))
-    mp.setattr(_posixsubprocess, "fork_exec", guarded("multiprocessing", fork_exec, lambda a: _describe(a[0] or ())))
+    mp.setattr(subprocess, "_fork_exec", guarded("subprocess", fork_exec, lambda a: _describe(a[0] or ()),
+                                                  subprocess, "_fork_exec"))
+    mp.setattr(_posixsubprocess, "fork_exec", guarded("multiprocessing", fork_exec, lambda a: _describe(a[0] or ()),
+                                                      _posixsubprocess))
     for name in ("fork", "forkpty"):  # multiprocessing's fork children, pty.fork, os.spawn*
         mp.setattr(os, name, guarded(f"os.{name}", getattr(os, name), lambda a: ""))
     for name in ("posix_spawn", "posix_spawnp"):  # subprocess uses these for some commands
@@ -102,6 +107,8 @@ def pytest_configure(config):
     # a machine profile someone calibrated on this machine (~/.cache/dsdoctor) would change what plan says:
     # each test process gets an empty cache of its own (a test that needs one sets DSDOCTOR_CACHE_DIR itself)
     os.environ["DSDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-cache-")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the session's shared folder; xdist workers inherit it
+        os.environ["DSDOCTOR_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-session-")
     # platform.processor() runs `uname -p` once per interpreter and caches it; dsdoctor's machine fingerprint
     # (calibrate/profile.py, read by every plan) asks for it. Asked here, before any test, it is not a
     # process the first in-process plan test starts.
@@ -112,6 +119,8 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     _PATCHES.undo()
     shutil.rmtree(os.environ.pop("DSDOCTOR_CACHE_DIR", ""), ignore_errors=True)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # after every worker has ended
+        shutil.rmtree(os.environ.pop("DSDOCTOR_TEST_SHARED_DIR", ""), ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

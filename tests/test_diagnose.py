@@ -91,7 +91,6 @@ ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, 
 
 
 @pytest.mark.deepspeed
-@pytest.mark.xdist_group("zero_checkpoints")  # the real checkpoints: see tests/checkpoint
 def test_diagnose_merges_and_verifies_a_real_zero3_checkpoint(tmp_path):
     from tests.checkpoint_fixtures import zero_checkpoints
 

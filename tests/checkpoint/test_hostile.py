@@ -125,11 +125,7 @@ def test_rank_file_that_is_not_a_regular_file_is_refused(tmp_path, special):
 
 # ---- real DeepSpeed checkpoints, copied and damaged -----------------------------------------------------------
 
-
-
-def deepspeed(test):
-    """Reads the real checkpoints: made once per process, so one xdist worker runs every test that reads them."""
-    return pytest.mark.deepspeed(pytest.mark.xdist_group("zero_checkpoints")(test))
+deepspeed = pytest.mark.deepspeed
 
 
 def _tag(ckpt: Path) -> Path:
@@ -453,7 +449,6 @@ def _synthetic(tmp_path: Path, crc: bool = True) -> tuple[Path, dict]:
     return tmp_path / "ckpt", params
 
 
-@pytest.mark.process
 def test_crc_mismatch_in_any_record_stops_the_merge(tmp_path):
     ckpt, _ = _synthetic(tmp_path)
     victim = _tag(ckpt) / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -468,7 +463,6 @@ def test_crc_mismatch_in_any_record_stops_the_merge(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
-@pytest.mark.process
 def test_checkpoint_saved_without_crcs_merges_with_a_note(tmp_path):
     import torch
 

@@ -16,8 +16,7 @@ from dsdoctor.errors import InputError
 from tests.checkpoint_fixtures import copy_checkpoint, read_merged, zero_checkpoints
 from tests.helpers import ROOT, run_cli
 
-# the real checkpoints are made once per process: one xdist worker runs every test that reads them
-pytestmark = [pytest.mark.deepspeed, pytest.mark.xdist_group("zero_checkpoints")]
+pytestmark = pytest.mark.deepspeed
 
 CASES = [("w2", "zero3", 3, 2), ("w3", "zero3", 3, 3), ("w2", "zero2", 2, 2)]
 

@@ -1,9 +1,11 @@
 """dsdoctor verify: each finding from a real merged checkpoint with one thing broken, through the real CLI."""
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,14 +16,14 @@ from dsdoctor.errors import InputError
 from tests.checkpoint_fixtures import read_merged, zero_checkpoints
 from tests.helpers import run_cli
 
-# the real checkpoints are made once per process: one xdist worker runs every test that reads them
-pytestmark = [pytest.mark.deepspeed, pytest.mark.xdist_group("zero_checkpoints")]
+pytestmark = pytest.mark.deepspeed
 
 
 @functools.cache
 def merged() -> Path:
-    base = zero_checkpoints()
-    out = base / "merged-w2-zero3"
+    base = zero_checkpoints()  # shared by the session's processes: each merges into a folder of its own
+    out = Path(tempfile.mkdtemp(prefix="dsdoctor-merged-")) / "merged-w2-zero3"
+    atexit.register(shutil.rmtree, out.parent, True)
     merge(base / "w2" / "zero3", out, model=base / "w2" / "model", progress=False)
     return out
 
