@@ -63,6 +63,7 @@ def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
     assert all(_gone(x["pid"]) for x in data["ranks"]), "a rank was left running"
 
 
+@pytest.mark.timeout(3 * 400 + 200)
 def test_training_config_traced_and_abd_unchanged(tmp_path):
     """One ab run (3 variants, 2 ranks each); its as-is variant is the full trace of the reused training config.
 
@@ -72,7 +73,7 @@ def test_training_config_traced_and_abd_unchanged(tmp_path):
     command = _deepspeed("--oom-without-offload", "--no-synced-gpus")
     port = command[command.index("--master_port") + 1]
     r = run_cli("ab", "-q", "--format", "json", "--timeout", "400", "-o", str(out), "--", *command,
-                env=deepspeed_env(), timeout=900)
+                env=deepspeed_env(), timeout=3 * 400 + 100)  # three variants, each under its own watchdog
     assert deepspeed_shm_files(port) == set()  # 3 launches x 2 CPU ranks on this port, none left in /dev/shm
     data = json.loads(r.stdout)
     by = {v["name"]: v for v in data["variants"]}
