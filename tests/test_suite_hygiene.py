@@ -39,6 +39,21 @@ def test_shm_files_of_one_launch_are_told_apart_by_port(tmp_path, monkeypatch):
     assert len(proctree.deepspeed_shm_files()) == 4
 
 
+def test_another_workers_fresh_workspace_is_never_taken_for_a_leak(tmp_path, monkeypatch):
+    """A rank writes 66 MB into its new workspace before it maps it: unmapped but live. At the end of a session
+    only workspaces last written long ago count as leaked (after each test: only this process's ports)."""
+    from tests import conftest
+
+    monkeypatch.setattr(proctree, "SHM_DIR", str(tmp_path))
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_"
+    fresh, stale = tmp_path / f"{prefix}1111_0", tmp_path / f"{prefix}2222_0"
+    for path in (fresh, stale):
+        path.write_bytes(b"\0" * 4096)
+    long_ago = time.time() - conftest.STALE_S - 10
+    os.utime(stale, (long_ago, long_ago))
+    assert conftest._leaked_and_stale({fresh.name, stale.name}) == {stale.name}
+
+
 @pytest.mark.process
 def test_timeout_ends_the_grandchildren_too():
     """subprocess.run kills only its child on a timeout: a launcher's ranks (grandchildren) would live on,
