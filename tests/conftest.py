@@ -7,6 +7,8 @@ the parallel part). ``make test-fast`` runs ``-m "not process"``: nothing in it 
 the guard below holds every test to its markers: a test without ``process`` (or ``deepspeed``) that starts
 one fails, naming the marker to add.
 """
+import contextlib
+import fcntl
 import os
 import platform
 import shutil
@@ -23,12 +25,16 @@ from tests import helpers
 PROCESS_MARKERS = ("process", "deepspeed")
 
 
+def _xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # not PYTEST_XDIST_WORKER: a pytest a test starts inherits that
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects: a deepspeed test is a process test too
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("deepspeed") and not item.get_closest_marker("process"):
             item.add_marker(pytest.mark.process)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _xdist_worker(config):
         # in parallel, the slow tests first (DeepSpeed ranks, then other processes): the quick in-process
         # ones fill the end, instead of one worker finishing a long launch while the other waits idle
         items.sort(key=lambda item: 0 if item.get_closest_marker("deepspeed") else
@@ -107,7 +113,7 @@ def pytest_configure(config):
     # a machine profile someone calibrated on this machine (~/.cache/dsdoctor) would change what plan says:
     # each test process gets an empty cache of its own (a test that needs one sets DSDOCTOR_CACHE_DIR itself)
     os.environ["DSDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-cache-")
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the session's shared folder; xdist workers inherit it
+    if not _xdist_worker(config):  # the session's shared folder; xdist workers inherit it
         os.environ["DSDOCTOR_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-session-")
     # platform.processor() runs `uname -p` once per interpreter and caches it; dsdoctor's machine fingerprint
     # (calibrate/profile.py, read by every plan) asks for it. Asked here, before any test, it is not a
@@ -119,7 +125,7 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     _PATCHES.undo()
     shutil.rmtree(os.environ.pop("DSDOCTOR_CACHE_DIR", ""), ignore_errors=True)
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # after every worker has ended
+    if not _xdist_worker(config):  # after every worker has ended
         shutil.rmtree(os.environ.pop("DSDOCTOR_TEST_SHARED_DIR", ""), ignore_errors=True)
 
 
@@ -164,14 +170,21 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # ---------------------------------------------------------------- DeepSpeed's /dev/shm workspaces
-# Every CPU DeepSpeed launch leaves 66 MB per rank in /dev/shm (see dsdoctor.proctree). dsdoctor's own
-# launches clean up after themselves; the suite's direct launches are cleaned here. Without this a few
-# suite runs fill the machine's memory and everything after that thrashes (this once ran CI past its limit).
-# Other launches may be in flight meanwhile: another xdist worker's, another job's on the same machine.
-# A rank creates its workspace, writes 66 MB into it and only then maps it, so "no live process maps it" is
-# not enough: after each test only the workspaces of launches on ports this process handed out
-# (helpers.free_port) are unlinked, and at the end those that appeared during the session, that no live
-# process maps, and that were last written over STALE_S ago (a live rank maps its own within moments).
+# Every CPU DeepSpeed rank maps a 66 MB workspace in /dev/shm that DeepSpeed never unlinks (dsdoctor.proctree).
+# Its rank creates it, writes 66 MB into it and only then maps it; its peers then open it by name and, while
+# it is missing, retry forever. dsdoctor's own launches unlink, on the way out, the workspaces that appeared
+# during the run and that no process maps: on a machine running another launch at that moment, that can
+# take a workspace still being written and hang the other launch's ranks (seen here with two xdist workers).
+# So, side by side:
+# - a test not marked deepspeed starts no rank (tests that run DeepSpeed ranks carry the marker), and the
+#   dsdoctor it runs cleans a folder of this process's own (DSDOCTOR_SHM_DIR, proctree.SHM_DIR), not /dev/shm;
+# - a deepspeed test holds the session's workspace lock shared, its dsdoctor cleaning a folder of its own too;
+# - the few tests that check dsdoctor's own clean-up of /dev/shm (fixture ``real_shm_cleanup``) hold that
+#   lock alone: no other rank starts meanwhile;
+# - after each test, this process unlinks the workspaces of the launches on ports it handed out
+#   (helpers.free_port), and those that appeared during the session, that no live process maps and that
+#   were last written over STALE_S ago (a rank maps its own within moments): what dsdoctor's launches left,
+#   a little later.
 STALE_S = 120
 
 
@@ -186,16 +199,53 @@ def _leaked_and_stale(names: set[str]) -> set[str]:
     return out
 
 
+@contextlib.contextmanager
+def _workspace_lock(exclusive: bool):
+    shared = os.environ.get("DSDOCTOR_TEST_SHARED_DIR")
+    if not shared:
+        yield
+        return
+    with open(os.path.join(shared, "deepspeed-workspaces.lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def real_shm_cleanup():
+    """For a test that checks what dsdoctor unlinks from /dev/shm: dsdoctor cleans /dev/shm itself, and no
+    other DeepSpeed rank starts meanwhile (see above)."""
+
+
+_BEFORE_SESSION: set[str] = set()  # another job's workspaces, there before the session: not this suite's to touch
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_leaked_deepspeed_shm_at_end():
-    before = deepspeed_shm_files()
+    _BEFORE_SESSION.update(deepspeed_shm_files())
     yield
-    unlink_leaked_deepspeed_shm(_leaked_and_stale(deepspeed_shm_files() - before))
+    unlink_leaked_deepspeed_shm(_leaked_and_stale(deepspeed_shm_files() - _BEFORE_SESSION))
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_deepspeed_shm_after_each_test():
+def _deepspeed_workspaces(request, tmp_path_factory):
+    real = "real_shm_cleanup" in request.fixturenames
+    ranks = real or request.node.get_closest_marker("deepspeed") is not None
+    private = str(tmp_path_factory.getbasetemp() / "dsdoctor-shm")  # never holds a workspace: nothing to clean
+    os.makedirs(private, exist_ok=True)
+    redirect = pytest.MonkeyPatch()
     ports_before = set(helpers.PORTS_HANDED_OUT)
-    yield
-    for port in helpers.PORTS_HANDED_OUT - ports_before:
-        unlink_leaked_deepspeed_shm(deepspeed_shm_files(port))
+    with _workspace_lock(exclusive=real) if ranks else contextlib.nullcontext():
+        if not real:
+            redirect.setenv("DSDOCTOR_SHM_DIR", private)
+            redirect.setattr(proctree, "SHM_DIR", private)
+        try:
+            yield
+        finally:
+            redirect.undo()
+            for port in helpers.PORTS_HANDED_OUT - ports_before:
+                unlink_leaked_deepspeed_shm(deepspeed_shm_files(port))
+            if request.node.get_closest_marker("process"):  # an in-process test leaves no workspace behind
+                unlink_leaked_deepspeed_shm(_leaked_and_stale(deepspeed_shm_files() - _BEFORE_SESSION))

@@ -167,7 +167,7 @@ def test_contained_run_library_ends_tagged_processes_that_escaped_to_init(tmp_pa
 # ---------------------------------------------------------------------------- a real DeepSpeed compare
 
 @pytest.mark.deepspeed
-def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(tmp_path):
+def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(tmp_path, real_shm_cleanup):
     from tests.compare.test_cli import _save_tiny_llama
 
     model = _save_tiny_llama(tmp_path / "model")
