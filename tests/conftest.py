@@ -7,8 +7,6 @@ the parallel part). ``make test-fast`` runs ``-m "not process"``: nothing in it 
 the guard below holds every test to its markers: a test without ``process`` (or ``deepspeed``) that starts
 one fails, naming the marker to add.
 """
-import contextlib
-import fcntl
 import os
 import platform
 import shutil
@@ -173,14 +171,12 @@ def pytest_terminal_summary(terminalreporter):
 # Every CPU DeepSpeed rank maps a 66 MB workspace in /dev/shm that DeepSpeed never unlinks (dsdoctor.proctree).
 # Its rank creates it, writes 66 MB into it and only then maps it; its peers then open it by name and, while
 # it is missing, retry forever. dsdoctor's own launches unlink, on the way out, the workspaces that appeared
-# during the run and that no process maps: on a machine running another launch at that moment, that can
-# take a workspace still being written and hang the other launch's ranks (seen here with two xdist workers).
-# So, side by side:
-# - a test not marked deepspeed starts no rank (tests that run DeepSpeed ranks carry the marker), and the
-#   dsdoctor it runs cleans a folder of this process's own (DSDOCTOR_SHM_DIR, proctree.SHM_DIR), not /dev/shm;
-# - a deepspeed test holds the session's workspace lock shared, its dsdoctor cleaning a folder of its own too;
-# - the few tests that check dsdoctor's own clean-up of /dev/shm (fixture ``real_shm_cleanup``) hold that
-#   lock alone: no other rank starts meanwhile;
+# during the run and that no process maps: with another launch starting at that moment, that can take a
+# workspace still being written and hang the other launch's ranks (seen here with two xdist workers). So:
+# - beside other tests, the dsdoctor a test runs (as a process or in-process) cleans a folder of this
+#   process's own (DSDOCTOR_SHM_DIR, proctree.SHM_DIR), never /dev/shm;
+# - the tests that check dsdoctor's own clean-up of /dev/shm are marked serial: they run alone, after the
+#   parallel part (make test), and their dsdoctor cleans /dev/shm;
 # - after each test, this process unlinks the workspaces of the launches on ports it handed out
 #   (helpers.free_port), and those that appeared during the session, that no live process maps and that
 #   were last written over STALE_S ago (a rank maps its own within moments): what dsdoctor's launches left,
@@ -199,26 +195,6 @@ def _leaked_and_stale(names: set[str]) -> set[str]:
     return out
 
 
-@contextlib.contextmanager
-def _workspace_lock(exclusive: bool):
-    shared = os.environ.get("DSDOCTOR_TEST_SHARED_DIR")
-    if not shared:
-        yield
-        return
-    with open(os.path.join(shared, "deepspeed-workspaces.lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-@pytest.fixture
-def real_shm_cleanup():
-    """For a test that checks what dsdoctor unlinks from /dev/shm: dsdoctor cleans /dev/shm itself, and no
-    other DeepSpeed rank starts meanwhile (see above)."""
-
-
 _BEFORE_SESSION: set[str] = set()  # another job's workspaces, there before the session: not this suite's to touch
 
 
@@ -231,21 +207,21 @@ def _no_leaked_deepspeed_shm_at_end():
 
 @pytest.fixture(autouse=True)
 def _deepspeed_workspaces(request, tmp_path_factory):
-    real = "real_shm_cleanup" in request.fixturenames
-    ranks = real or request.node.get_closest_marker("deepspeed") is not None
-    private = str(tmp_path_factory.getbasetemp() / "dsdoctor-shm")  # never holds a workspace: nothing to clean
-    os.makedirs(private, exist_ok=True)
+    alone = request.node.get_closest_marker("serial") is not None
+    if alone and _xdist_worker(request.config):
+        pytest.skip("must run alone (serial): make test runs it after the parallel part, as does pytest without -n")
     redirect = pytest.MonkeyPatch()
+    if not alone:
+        private = str(tmp_path_factory.getbasetemp() / "dsdoctor-shm")  # never holds a workspace
+        os.makedirs(private, exist_ok=True)
+        redirect.setenv("DSDOCTOR_SHM_DIR", private)
+        redirect.setattr(proctree, "SHM_DIR", private)
     ports_before = set(helpers.PORTS_HANDED_OUT)
-    with _workspace_lock(exclusive=real) if ranks else contextlib.nullcontext():
-        if not real:
-            redirect.setenv("DSDOCTOR_SHM_DIR", private)
-            redirect.setattr(proctree, "SHM_DIR", private)
-        try:
-            yield
-        finally:
-            redirect.undo()
-            for port in helpers.PORTS_HANDED_OUT - ports_before:
-                unlink_leaked_deepspeed_shm(deepspeed_shm_files(port))
-            if request.node.get_closest_marker("process"):  # an in-process test leaves no workspace behind
-                unlink_leaked_deepspeed_shm(_leaked_and_stale(deepspeed_shm_files() - _BEFORE_SESSION))
+    try:
+        yield
+    finally:
+        redirect.undo()
+        for port in helpers.PORTS_HANDED_OUT - ports_before:
+            unlink_leaked_deepspeed_shm(deepspeed_shm_files(port))
+        if request.node.get_closest_marker("process"):  # an in-process test leaves no workspace behind
+            unlink_leaked_deepspeed_shm(_leaked_and_stale(deepspeed_shm_files() - _BEFORE_SESSION))

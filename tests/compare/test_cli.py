@@ -184,7 +184,8 @@ def test_compare_does_not_import_torch_before_it_runs():
 
 # -- real DeepSpeed ranks ---------------------------------------------------------------------------------
 @pytest.mark.deepspeed
-def test_plain_zero3_and_tensor_parallel_loads_match(models, tmp_path, real_shm_cleanup):
+@pytest.mark.serial  # checks what dsdoctor unlinks from /dev/shm: alone (tests/conftest.py says why)
+def test_plain_zero3_and_tensor_parallel_loads_match(models, tmp_path):
     out = tmp_path / "cmp"
     proc = run_cli("compare", models["ref"], "--paths", "plain,zero3,tp", "--gpus", "2", "--max-new-tokens", "8",
                    "--out", out, env=deepspeed_env(), timeout=400)

@@ -167,7 +167,8 @@ def test_contained_run_library_ends_tagged_processes_that_escaped_to_init(tmp_pa
 # ---------------------------------------------------------------------------- a real DeepSpeed compare
 
 @pytest.mark.deepspeed
-def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(tmp_path, real_shm_cleanup):
+@pytest.mark.serial  # checks what dsdoctor unlinks from /dev/shm: alone (tests/conftest.py says why)
+def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(tmp_path):
     from tests.compare.test_cli import _save_tiny_llama
 
     model = _save_tiny_llama(tmp_path / "model")

@@ -64,7 +64,8 @@ def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
 
 
 @pytest.mark.timeout(3 * 400 + 200)
-def test_training_config_traced_and_abd_unchanged(tmp_path, real_shm_cleanup):
+@pytest.mark.serial  # checks what dsdoctor unlinks from /dev/shm: alone (tests/conftest.py says why)
+def test_training_config_traced_and_abd_unchanged(tmp_path):
     """One ab run (3 variants, 2 ranks each); its as-is variant is the full trace of the reused training config.
 
     The script raises a CUDA-style OOM inside generate when offload_param is off (a real GPU OOM cannot happen
