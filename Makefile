@@ -23,11 +23,20 @@ example: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
+# make test: the whole suite, in parallel (pytest-xdist, one worker per core of a 2-core CI machine, handed one
+# test at a time, the slow ones first: tests/conftest.py), then the tests marked serial, alone.
+# make test-fast: only the tests that start no process (markers in pyproject.toml, enforced by tests/conftest.py).
+# PYTEST_ARGS adds pytest options to both, e.g. make test PYTEST_ARGS=--durations=25
+JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+PARALLEL := -n $(JOBS) --maxschedchunk 1
+
 test: lint
-	$(BIN)/python -m pytest -q
+	$(PYTEST) $(PARALLEL) -m "not serial"
+	$(PYTEST) -m serial || test $$? -eq 5  # 5: no test is marked serial
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not deepspeed"
+	$(PYTEST) $(PARALLEL) -m "not process and not deepspeed"
 
 clean:
 	rm -rf $(VENV) dsdoctor-out

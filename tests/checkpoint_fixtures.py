@@ -1,9 +1,12 @@
-"""Real DeepSpeed checkpoints for the checkpoint tests, made once per session (two launches in all)."""
+"""Real DeepSpeed checkpoints for the checkpoint tests, made once per session (two launches in all), shared by
+the xdist workers."""
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -16,12 +19,23 @@ MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 
 @functools.cache
 def zero_checkpoints() -> Path:
-    """base/w2/{zero3,zero2,zero1,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP."""
-    base = Path(tempfile.mkdtemp(prefix="dsdoctor-ckpt-"))
-    atexit.register(shutil.rmtree, base, True)
-    for world, stages in ((2, ("3", "2", "1")), (3, ("3",))):
-        res = _launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world)
-        assert "MAKE_ZERO_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    """base/w2/{zero3,zero2,zero1,model}, base/w3/{zero3,model}: a tiny tied Llama with odd sizes and a frozen MLP.
+
+    Made once per session: in the folder the session shares (DSDOCTOR_TEST_SHARED_DIR, set by tests/conftest.py
+    and seen by every xdist worker) by whichever process asks first, under a lock the others wait on."""
+    shared = os.environ.get("DSDOCTOR_TEST_SHARED_DIR")
+    if not shared:  # the helper used outside pytest
+        shared = tempfile.mkdtemp(prefix="dsdoctor-ckpt-")
+        atexit.register(shutil.rmtree, shared, True)
+    base = Path(shared) / "zero-checkpoints"
+    with open(Path(shared) / "zero-checkpoints.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / "complete").exists():
+            shutil.rmtree(base, ignore_errors=True)  # a process that died while making them
+            for world, stages in ((2, ("3", "2", "1")), (3, ("3",))):
+                res = _launch(MAKER, str(base / f"w{world}"), *stages, nprocs=world)
+                assert "MAKE_ZERO_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+            (base / "complete").write_text("")
     return base
 
 

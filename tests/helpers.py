@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dsdoctor.proctree import terminate_tree
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,7 +16,9 @@ EXAMPLES = ROOT / "src" / "dsdoctor" / "examples"
 TESTS = ROOT / "tests"
 DATA = TESTS / "data"  # configs/, arch_configs/, alloc_history/
 SCRIPTS = TESTS / "scripts"  # the scripts tests launch
-CORPUS = ROOT.parent / "shared" / "corpus" / "ds_configs"
+# the real DeepSpeed configs the config doctor must read: the project's shared folder beside the checkout (CI
+# has it there); DSDOCTOR_CORPUS, when set, is the only place looked at
+CORPUS = Path(os.environ.get("DSDOCTOR_CORPUS") or ROOT.parent / "shared" / "corpus" / "ds_configs")
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -32,6 +36,27 @@ TINY_LLAMA = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require_corpus() -> Path:
+    """The config corpus; without it a skip here, a failure in CI (CI=true): there the corpus tests must run."""
+    if not CORPUS.is_dir():
+        if in_ci():
+            pytest.fail(f"config corpus not found at {CORPUS} (CI is set: the corpus tests must run)", pytrace=False)
+        pytest.skip(f"config corpus not found at {CORPUS}")
+    return CORPUS
+
+
+def corpus_file(name: str) -> Path:
+    """One config of the corpus (see ``require_corpus``); a name the corpus lacks is a failure anywhere."""
+    path = require_corpus() / name
+    if not path.is_file():
+        pytest.fail(f"{name} is not in the config corpus at {CORPUS}", pytrace=False)
+    return path
 
 
 def write_model_config(directory: Path, **overrides) -> Path:
@@ -72,13 +97,31 @@ def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float 
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+PORTS_HANDED_OUT: set[int] = set()  # this process's launches: their DeepSpeed /dev/shm workspaces are its own
+
+
+def reached_in_time(marker: Path, start: float, limit_s: float, slack_s: float = 2.0) -> bool:
+    """Whether the program under test wrote ``marker`` (its "I got there" file) ``slack_s`` before a watchdog
+    of ``limit_s`` seconds, started after ``start``, could fire. A test of what dsdoctor says at a timeout
+    needs the program to be where the test expects when the watchdog fires; a loaded machine takes longer to
+    get there, so such a test runs again with a longer limit when this is False (asserting the same)."""
+    try:
+        return marker.stat().st_mtime < start + limit_s - slack_s
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
-    """A free TCP port for a launch's rendezvous (the default 29500 collides between concurrent runs)."""
+    """A free TCP port for a launch's rendezvous (the default 29500 collides between concurrent runs, e.g.
+    two xdist workers). The port names the launch's DeepSpeed CPU workspaces, so tests/conftest.py unlinks
+    those after the test, and never another worker's."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port = sock.getsockname()[1]
+    PORTS_HANDED_OUT.add(port)
+    return port
 
 
 def deepspeed_env(extra: dict | None = None) -> dict:

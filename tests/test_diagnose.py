@@ -6,6 +6,7 @@ import pytest
 from tests.helpers import ROOT, run_cli, write_model_config
 
 
+@pytest.mark.process
 def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     out = tmp_path / "diag"
     # the machine is given, not detected: the recommendation is what the plan computes for it
@@ -46,6 +47,7 @@ def test_diagnose_reads_the_config_once(tmp_path, monkeypatch):
     assert [s.key for s in result.steps] == ["effective", "need-zero3", "split", "ab", "exit"]
 
 
+@pytest.mark.process
 def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path):
     out = tmp_path / "diag"
     out.mkdir()
@@ -61,6 +63,7 @@ def test_diagnose_refuses_to_overwrite_and_leaves_nothing_on_bad_input(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".d2")]
 
 
+@pytest.mark.process
 def test_diagnose_rejects_a_bad_workload_before_running_the_command(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps(ZERO3))
@@ -76,6 +79,7 @@ def test_diagnose_rejects_a_bad_workload_before_running_the_command(tmp_path):
     assert not marker.exists() and not (tmp_path / "d").exists()
 
 
+@pytest.mark.process
 def test_diagnose_in_chinese(tmp_path):
     proc = run_cli("diagnose", "--out", tmp_path / "d", "--lang", "zh")
     assert proc.returncode == 1
@@ -107,6 +111,7 @@ def test_diagnose_merges_and_verifies_a_real_zero3_checkpoint(tmp_path):
     assert (out / "merged" / "config.json").is_file()
 
 
+@pytest.mark.process
 def test_diagnose_traces_the_given_command(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps(ZERO3))
@@ -127,6 +132,7 @@ def test_diagnose_traces_the_given_command(tmp_path):
     assert (out / "trace" / "report.json").is_file()
 
 
+@pytest.mark.process
 def test_diagnose_ab_step_runs_the_variants_and_reports_them(tmp_path):
     # diagnose runs this step only where CUDA is available; here it runs on the CPU, host memory standing in
     from dsdoctor.diagnose import _step_ab

@@ -21,6 +21,7 @@ def _diagnose(out, *command, env=None):
     return r, json.loads(r.stdout) if r.stdout.strip() else None
 
 
+@pytest.mark.process
 def test_hfdeepspeedconfig_dict_in_code_is_captured_and_diagnosed(tmp_path):
     out = tmp_path / "d"
     r, data = _diagnose(out, sys.executable, SCRIPTS / "generate_plain.py")
@@ -102,6 +103,7 @@ def test_workload_flags_win_then_the_run_then_defaults_that_fit_the_model():
     assert p + n <= 128 and p > n > 0
 
 
+@pytest.mark.process
 def test_encoder_decoder_run_is_not_planned_as_a_decoder(tmp_path):
     out = tmp_path / "d"
     r, data = _diagnose(out, sys.executable, SCRIPTS / "t5_generate.py")

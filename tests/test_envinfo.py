@@ -1,6 +1,10 @@
 import json
 
+import pytest
+
 from tests.helpers import run_cli
+
+pytestmark = pytest.mark.process  # every test here runs the CLI as a process
 
 
 def test_env_json_reports_versions_and_memory():

@@ -1,6 +1,8 @@
 import os
 import stat
 
+import pytest
+
 from dsdoctor.machine import meminfo, nvidia_smi_gpus
 from dsdoctor.plan.hardware import detect_gpus, detect_host_memory
 
@@ -12,6 +14,7 @@ def _fake_smi(tmp_path, monkeypatch, text, rc=0):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
 
 
+@pytest.mark.process
 def test_gpus_from_nvidia_smi_respect_cuda_visible_devices(tmp_path, monkeypatch):
     _fake_smi(tmp_path, monkeypatch, "0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n2, NVIDIA H100, 81559")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
@@ -20,6 +23,7 @@ def test_gpus_from_nvidia_smi_respect_cuda_visible_devices(tmp_path, monkeypatch
     assert detect_gpus() == (2, 143771 * 2**20, "NVIDIA H200")  # plan reads the same thing
 
 
+@pytest.mark.process
 def test_broken_nvidia_smi_means_no_gpus(tmp_path, monkeypatch):
     _fake_smi(tmp_path, monkeypatch, "NVIDIA-SMI has failed", rc=9)
     assert nvidia_smi_gpus() == [] and detect_gpus() is None
@@ -29,6 +33,7 @@ def test_host_memory_from_proc_meminfo():
     assert meminfo()["MemTotal"] == detect_host_memory() > 2**30
 
 
+@pytest.mark.process
 def test_first_gpu_name_and_compute_capability(tmp_path, monkeypatch):
     from dsdoctor.machine import gpu_capability, this_machine_gpu
 

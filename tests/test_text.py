@@ -136,6 +136,7 @@ def test_no_module_writes_chinese_text_in_code():
     assert found == {}
 
 
+@pytest.mark.process
 def test_readme_finding_tables_match_the_rule_registry():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_codes.py"), "--check"],
                           capture_output=True, text=True)

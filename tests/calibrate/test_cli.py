@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dsdoctor.calibrate.profile import load_profile
 from tests.helpers import run_cli
+
+pytestmark = pytest.mark.process  # every test here runs the CLI as a process
 
 
 def test_calibrate_without_gpu_writes_an_honest_profile(tmp_path):

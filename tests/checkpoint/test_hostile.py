@@ -73,6 +73,7 @@ def test_pickle_bombs_are_refused_at_once(tmp_path, make, words):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.process
 def test_a_658_byte_class_memo_bomb_through_the_cli_ends_with_exit_2(tmp_path):
     ckpt = tmp_path / "ckpt"
     tag = ckpt / "global_step1"
@@ -423,6 +424,7 @@ def test_malformed_index_files_are_named(tmp_path, index, words):
     assert "model.safetensors.index.json" in str(err.value)
 
 
+@pytest.mark.process
 def test_verify_cli_names_a_malformed_header(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     f = _safetensors(tmp_path / "model.safetensors", {"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8)

@@ -1,9 +1,11 @@
 """dsdoctor verify: each finding from a real merged checkpoint with one thing broken, through the real CLI."""
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,9 @@ pytestmark = pytest.mark.deepspeed
 
 @functools.cache
 def merged() -> Path:
-    base = zero_checkpoints()
-    out = base / "merged-w2-zero3"
+    base = zero_checkpoints()  # shared by the session's processes: each merges into a folder of its own
+    out = Path(tempfile.mkdtemp(prefix="dsdoctor-merged-")) / "merged-w2-zero3"
+    atexit.register(shutil.rmtree, out.parent, True)
     merge(base / "w2" / "zero3", out, model=base / "w2" / "model", progress=False)
     return out
 

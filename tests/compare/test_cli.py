@@ -74,6 +74,7 @@ def test_library_call_same_weights_in_two_directories_match(models, tmp_path):
     assert len(json.loads((out / "A.json").read_text())["prompts"][1]["steps"]) == 6
 
 
+@pytest.mark.process
 def test_zeroed_tensor_is_reported_as_mismatch(models):
     proc = run_cli("compare", models["ref"], models["zeroed"], "--format", "json", "--quiet")
     assert proc.returncode == 1, proc.stderr
@@ -90,6 +91,7 @@ def test_zeroed_tensor_is_reported_as_mismatch(models):
     assert proc.stderr == ""  # --quiet
 
 
+@pytest.mark.process
 def test_transposed_tensor_is_reported_as_mismatch_in_markdown_and_chinese(models):
     proc = run_cli("compare", models["ref"], models["transposed"], "--format", "markdown", "--lang", "zh",
                    "--max-new-tokens", "4")
@@ -99,6 +101,7 @@ def test_transposed_tensor_is_reported_as_mismatch_in_markdown_and_chinese(model
     assert "[1/2] A" in proc.stderr and "[2/2] B" in proc.stderr  # progress goes to stderr
 
 
+@pytest.mark.process
 def test_unreadable_weights_are_a_failed_load_path(models, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(models["ref"], broken)
@@ -140,6 +143,7 @@ def _bad_inputs(models, tmp_path):
     ]
 
 
+@pytest.mark.process
 def test_bad_input_exits_2_with_one_line(models, tmp_path):
     for args, problem in _bad_inputs(models, tmp_path):
         proc = run_cli("compare", *args)
@@ -150,6 +154,7 @@ def test_bad_input_exits_2_with_one_line(models, tmp_path):
         assert proc.stdout == ""
 
 
+@pytest.mark.process
 def test_help_has_examples_and_findings_are_explained():
     proc = run_cli("compare", "--help")
     assert proc.returncode == 0 and "examples:" in proc.stdout and "--paths plain,zero3,tp" in proc.stdout
@@ -167,6 +172,7 @@ def test_api_compare_of_two_directories_works_with_its_defaults(models):
     assert {r.path for r in result.runs} == {"plain"}
 
 
+@pytest.mark.process
 def test_compare_does_not_import_torch_before_it_runs():
     code = ("import sys, dsdoctor.compare.api, dsdoctor.cli.compare, dsdoctor.compare.launch; "
             "print('torch' in sys.modules, 'deepspeed' in sys.modules)")
@@ -178,6 +184,7 @@ def test_compare_does_not_import_torch_before_it_runs():
 
 # -- real DeepSpeed ranks ---------------------------------------------------------------------------------
 @pytest.mark.deepspeed
+@pytest.mark.serial  # checks what dsdoctor unlinks from /dev/shm: alone (tests/conftest.py says why)
 def test_plain_zero3_and_tensor_parallel_loads_match(models, tmp_path):
     out = tmp_path / "cmp"
     proc = run_cli("compare", models["ref"], "--paths", "plain,zero3,tp", "--gpus", "2", "--max-new-tokens", "8",

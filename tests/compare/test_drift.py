@@ -28,6 +28,7 @@ def weights(tmp_path_factory):
     return ref, broken
 
 
+@pytest.mark.process
 def test_same_tokens_with_logits_beyond_tolerance_fail_the_compare(weights, tmp_path):
     from dsdoctor.compare.api import compare
 
@@ -52,6 +53,7 @@ def test_same_tokens_with_logits_beyond_tolerance_fail_the_compare(weights, tmp_
     assert "not the same model" in finding["message"]
 
 
+@pytest.mark.process
 def test_identical_weights_still_match(weights, tmp_path):
     ref, _ = weights
     copy = tmp_path / "copy"

@@ -1,7 +1,6 @@
 """Every real config in the corpus: it loads, and dsdoctor's effective stage and offload devices equal what
 DeepSpeed's own config models (and accelerate's plugin, for accelerate YAMLs) compute for it."""
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import example, given, settings
@@ -20,17 +19,10 @@ from dsdoctor.config.schema import (
     REMOVED_ZERO_KEYS,
     ZERO_FIELDS,
 )
-from tests.helpers import CORPUS as _HELPERS_CORPUS
+from tests.helpers import CORPUS, in_ci
 
-# tests.helpers.CORPUS is <repo>/../shared/...: right for /work/main, not for a worktree under /work/wt.
-# DSDOCTOR_CORPUS, when set, is the only place looked at.
-if os.environ.get("DSDOCTOR_CORPUS"):
-    CORPUS = Path(os.environ["DSDOCTOR_CORPUS"])
-else:
-    CORPUS = next((p for p in (_HELPERS_CORPUS, Path("/work/shared/corpus/ds_configs")) if p.is_dir()),
-                  _HELPERS_CORPUS)
 if not CORPUS.is_dir():
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):  # CI must run these: a missing corpus is a failure
+    if in_ci():  # CI must run these: a missing corpus is a failure
         pytest.fail(f"config corpus not found at {CORPUS} (CI is set: the corpus tests must run)", pytrace=False)
     pytest.skip(f"config corpus not found at {CORPUS}", allow_module_level=True)
 FILES = sorted(p for p in CORPUS.iterdir() if p.name != "INDEX.tsv")

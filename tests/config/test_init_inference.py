@@ -103,6 +103,7 @@ def test_top_level_zero_key_in_an_initialize_config():
     assert int(fixed.zero_optimization_stage) == 3 and fixed.zero_config.offload_param.device == "cpu"
 
 
+@pytest.mark.process
 def test_cli_gpu_name_flag_and_json():
     proc = run_cli("check", DATA / "init_inference_zero.json", "--gpu-name", "Tesla T4", "--format", "json")
     assert proc.returncode == 1, proc.stderr

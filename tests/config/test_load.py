@@ -163,6 +163,7 @@ def test_wrong_types_raise(raw, problem):
     ("[1]", "top level is a list"),
     ('{"a": 1, "a": 2}', "duplicate key"),
 ])
+@pytest.mark.process
 def test_cli_bad_input_exit_2_one_line(tmp_path, content, problem):
     p = write(tmp_path, "ds.json", content)
     for cmd in (("check", p), ("split", p, "-o", tmp_path / "out.json")):
@@ -174,6 +175,7 @@ def test_cli_bad_input_exit_2_one_line(tmp_path, content, problem):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.process
 def test_cli_missing_file_and_directory(tmp_path):
     proc = run_cli("check", tmp_path / "nope.json")
     assert proc.returncode == 2 and "nope.json: no such file" in proc.stderr

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dsdoctor.config.check import check
 from tests.helpers import run_cli
 
@@ -29,6 +31,7 @@ def test_unprefixed_spelling_and_only_under_stage_3():
     assert "DSD322" not in _codes({"stage": 3})
 
 
+@pytest.mark.process
 def test_check_cli_reports_it(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps(dict(BASE, zero_optimization={"stage": 3, "stage3_prefetch_bucket_size": 0})))

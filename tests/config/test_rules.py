@@ -141,6 +141,7 @@ def test_every_rule_explains_in_both_languages():
             assert all(h in text for h in heads), (code, lang)
 
 
+@pytest.mark.process
 def test_explain_cli(tmp_path):
     proc = run_cli("explain", "DSD101", "--lang", "zh")
     assert proc.returncode == 0 and "optimizer-in-inference" in proc.stdout and "为什么有问题" in proc.stdout
@@ -148,6 +149,7 @@ def test_explain_cli(tmp_path):
 
 # --- the CLI on the bundled example --------------------------------------------------------------------
 
+@pytest.mark.process
 def test_check_cli_json_contract_on_bundled_example():
     proc = run_cli("check", EXAMPLES / "train_zero3_offload.json", "--model", EXAMPLES / "llama-7b",
                    "--format", "json", "--lang", "en")
@@ -168,6 +170,7 @@ def test_check_cli_json_contract_on_bundled_example():
     assert "prefetch_bucket_size" in data["readings_differ"]
 
 
+@pytest.mark.process
 def test_check_cli_text_zh_markdown_and_fail_on(tmp_path):
     cfg = tmp_path / "clean.json"
     cfg.write_text(json.dumps(z3(offload_param={"device": "cpu"})))
@@ -178,6 +181,7 @@ def test_check_cli_text_zh_markdown_and_fail_on(tmp_path):
     assert md.returncode == 0 and "| DSD107 |" in md.stdout
 
 
+@pytest.mark.process
 def test_check_cli_gbk_console_gets_ascii_glyphs(tmp_path):
     import os
     env = dict(os.environ, PYTHONIOENCODING="gbk", PYTHONPATH=str(ROOT / "src"))
@@ -187,6 +191,7 @@ def test_check_cli_gbk_console_gets_ascii_glyphs(tmp_path):
     assert proc.returncode == 1 and "x DSD101" in out and "推理配置" in out
 
 
+@pytest.mark.process
 def test_check_never_imports_torch_or_deepspeed():
     code = (
         "import sys, io, contextlib\n"

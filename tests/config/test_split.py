@@ -120,6 +120,7 @@ def test_table_rows_have_reasons_in_both_languages():
         assert row.action in ("drop", "keep", "resolve") and row.reason["en"] and row.reason["zh"]
 
 
+@pytest.mark.process
 def test_split_cli(tmp_path):
     out = tmp_path / "infer.json"
     proc = run_cli("split", EXAMPLE, "-o", out, "--model", EXAMPLES / "llama-7b")

@@ -85,6 +85,7 @@ def test_dsd103_says_what_the_installed_version_does():
     assert "refuses" in next(f for f in old.findings if f.code == "DSD103").message("en")
 
 
+@pytest.mark.process
 def test_versions_read_from_metadata_without_importing(tmp_path):
     code = ("import sys; from dsdoctor.config.versions import resolve_versions; v = resolve_versions();"
             "print(v.values['deepspeed'], v.values['transformers']);"
@@ -94,11 +95,13 @@ def test_versions_read_from_metadata_without_importing(tmp_path):
     assert resolve_versions({"deepspeed": "0.15.0"}).sources["deepspeed"] == "--deepspeed-version"
 
 
+@pytest.mark.process
 def test_bad_version_flag_is_bad_input():
     proc = run_cli("check", DATA / "ds_z3_auto.json", "--deepspeed-version", "latest")
     assert proc.returncode == 2 and "--deepspeed-version" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.process
 def test_cli_version_flags_show_in_text():
     proc = run_cli("check", DATA / "llamafactory_train_z3.yaml", "--transformers-version", "4.44.2",
                    "--deepspeed-version", "0.15.0", "--lang", "en")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 SRC = ROOT / "src" / "dsdoctor"
@@ -168,6 +170,7 @@ def test_the_check_finds_a_stray_open(tmp_path):
     assert file_calls(clean) == []
 
 
+@pytest.mark.process
 def test_the_door_imports_only_the_standard_library_and_errors():
     """It runs inside the user's ranks (trace observer, compare runner, NCCL worker): nothing heavy at import."""
     import subprocess

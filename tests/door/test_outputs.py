@@ -113,12 +113,14 @@ def test_outputs_refuse_devices_fifos_sockets_and_links(tmp_path):
 
 
 @pytest.mark.parametrize("device", ["/dev/null", "/dev/full"])
+@pytest.mark.process
 def test_split_to_a_device_with_force_leaves_the_device(device):
     proc = run_cli("split", _example_config(), "-o", device, "--force")
     assert proc.returncode == 2 and "character device" in proc.stderr and "Traceback" not in proc.stderr
     assert stat.S_ISCHR(os.stat(device).st_mode)
 
 
+@pytest.mark.process
 def test_split_and_diagnose_refuse_a_fifo_output_without_blocking(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -183,6 +185,7 @@ def _holder(target: Path) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+@pytest.mark.process
 def test_each_signal_removes_the_partial_output(tmp_path, sig):
     target = tmp_path / "out"
     proc = _holder(target)
@@ -194,6 +197,7 @@ def test_each_signal_removes_the_partial_output(tmp_path, sig):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.process
 def test_killed_run_leaves_a_partial_that_the_next_run_names_and_keeps(tmp_path):
     target = tmp_path / "out"
     proc = _holder(target)
@@ -215,6 +219,7 @@ def test_killed_run_leaves_a_partial_that_the_next_run_names_and_keeps(tmp_path)
     assert proc.returncode == 0 and str(partial[0]) in proc.stderr and "rm -rf" in proc.stderr
 
 
+@pytest.mark.process
 def test_a_second_writer_of_the_same_output_stops_naming_the_first(tmp_path):
     target = tmp_path / "out"
     first = _holder(target)
@@ -262,6 +267,7 @@ PAUSED_DIAGNOSE = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+@pytest.mark.process
 def test_diagnose_interrupted_before_its_trace_step_leaves_nothing(tmp_path, sig):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.Popen([sys.executable, "-c", PAUSED_DIAGNOSE, "diagnose", "--out", str(tmp_path / "diag")],

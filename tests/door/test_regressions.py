@@ -48,6 +48,7 @@ def _two_nodes(out: Path, env: dict, *extra: str) -> None:
         assert r.returncode in (0, 1), r.stderr[-2000:]
 
 
+@pytest.mark.process
 def test_multinode_trace_replaces_only_what_dsdoctor_wrote(tmp_path):
     env = _fake_torchrun(tmp_path)
     out = tmp_path / "t"
@@ -68,6 +69,7 @@ def test_multinode_trace_replaces_only_what_dsdoctor_wrote(tmp_path):
     assert r.returncode == 2 and "my-notes.txt" in r.stderr and (out / "node-1" / "my-notes.txt").is_file()
 
 
+@pytest.mark.process
 def test_multinode_trace_never_replaces_a_node_folder_or_report_it_did_not_write(tmp_path):
     env = _fake_torchrun(tmp_path)
     out = tmp_path / "t"
@@ -87,6 +89,7 @@ def test_multinode_trace_never_replaces_a_node_folder_or_report_it_did_not_write
     assert _tree(out) == {"node-0/results.csv": before["node-0/results.csv"]}
 
 
+@pytest.mark.process
 def test_report_only_needs_force_and_never_replaces_a_changed_report(tmp_path):
     env = _fake_torchrun(tmp_path)
     out = tmp_path / "t"
@@ -108,6 +111,7 @@ def test_report_only_needs_force_and_never_replaces_a_changed_report(tmp_path):
 
 # ---- calibrate --out ------------------------------------------------------------------------------------------------
 
+@pytest.mark.process
 def test_calibrate_out_follows_the_output_rules(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -148,6 +152,7 @@ PAUSED_PROBE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_calibrate_probe_file_is_removed_on_a_signal(tmp_path, sig):
     nvme = tmp_path / "nvme"
@@ -170,6 +175,7 @@ def test_calibrate_probe_file_is_removed_on_a_signal(tmp_path, sig):
 
 # ---- --force and what a user added inside an earlier output ----------------------------------------------------------
 
+@pytest.mark.process
 def test_force_refuses_to_delete_files_a_user_added_to_an_earlier_output(tmp_path):
     out = tmp_path / "diag"
     r = run_cli("diagnose", "--out", out, timeout=300)
@@ -197,6 +203,7 @@ def test_force_refuses_to_delete_files_a_user_added_to_an_earlier_output(tmp_pat
 PLAN = ("plan", "--model", EXAMPLES / "llama-7b", "--gpus", "1", "--gpu-memory", "80GiB", "--host-memory", "1TiB")
 
 
+@pytest.mark.process
 def test_plan_machine_profile_is_a_bounded_regular_file(tmp_path):
     fifo = tmp_path / "h200.json"
     os.mkfifo(fifo)
@@ -213,6 +220,7 @@ def test_plan_machine_profile_is_a_bounded_regular_file(tmp_path):
             (bad, r.stderr)
 
 
+@pytest.mark.process
 def test_a_damaged_cached_profile_is_ignored_with_a_warning(tmp_path, monkeypatch):
     from dsdoctor.calibrate.profile import cache_path, fingerprint, machine_description
 
@@ -239,6 +247,7 @@ def test_a_damaged_cached_profile_is_ignored_with_a_warning(tmp_path, monkeypatc
 
 # ---- a sparse file beside a checkpoint is not copied as its apparent size --------------------------------------
 
+@pytest.mark.process
 def test_merge_refuses_an_oversized_model_file_before_writing(tmp_path):
     from tests.checkpoint.test_hostile import _synthetic
     from tests.helpers import write_model_config

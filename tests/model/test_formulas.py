@@ -52,6 +52,7 @@ def test_unknown_architecture_is_marked_approximate(tmp_path):
     assert "DSD214" in {f.code for f in r.findings}
 
 
+@pytest.mark.process
 def test_formulas_import_no_torch():
     code = ("import sys; from dsdoctor.model.spec import load_model_spec; from dsdoctor.model.formulas import "
             f"from_formula; from_formula(load_model_spec({str(CONFIGS[0])!r})); "

@@ -1,7 +1,11 @@
 """``dsdoctor plan`` as a real process: formats, languages, plots, exit codes, errors."""
 import json
 
+import pytest
+
 from tests.helpers import EXAMPLES, run_cli, write_model_config
+
+pytestmark = pytest.mark.process  # every test here runs the CLI as a process
 
 HW = ("--gpus", "1", "--gpu-memory", "80GiB", "--host-memory", "256GiB", "--gpu-name", "H100", "--counts", "formula")
 

@@ -1,6 +1,8 @@
 """plan --loop: generation inside training adds the paths zero2 and zero3-gather-once (plan/loop.py)."""
 import json
 
+import pytest
+
 from dsdoctor.plan.api import plan
 from tests.helpers import EXAMPLES, run_cli
 
@@ -46,6 +48,7 @@ def test_gather_once_that_does_not_fit_is_said(tmp_path):
     assert r.recommended.path is None or r.recommended.path.startswith("zero3")
 
 
+@pytest.mark.process
 def test_cli_loop_flag_and_json():
     r = run_cli("plan", "--model", str(LLAMA_7B), "--gpus", "2", "--gpu-memory", "141GiB", "--host-memory",
                 "1TiB", "--gpu-name", "H200", "--counts", "formula", "--batch", "4", "--new-tokens", "32", "--loop",

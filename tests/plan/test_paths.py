@@ -174,6 +174,7 @@ GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 76
         "n_positions": 1024, "vocab_size": 50257}
 
 
+@pytest.mark.process
 def test_learned_positions_cannot_run_past_the_table(tmp_path):
     _write(tmp_path, GPT2)
     with pytest.raises(InputError, match="1088 exceeds"):
@@ -183,6 +184,7 @@ def test_learned_positions_cannot_run_past_the_table(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_json_has_loading_and_options():
     r = run_cli("plan", "--model", QWEN72, "--gpus", "8", "--gpu-memory", "80GiB", "--host-memory", "1TiB",
                 "--gpu-name", "H100", "--counts", "formula", "--format", "json")
@@ -265,6 +267,7 @@ def test_zero_inference_int4_config_carries_weight_quantization():
     assert cfg["fp16"] == {"enabled": True} and '"weight_quantization"' in code
 
 
+@pytest.mark.process
 def test_loading_bench_reestimates_a_recorded_run(tmp_path):
     """bench/plan/loading_gpu.py --reestimate: today's predictions beside recorded measurements, no GPU."""
     root = ROOT

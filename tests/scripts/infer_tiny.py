@@ -1,11 +1,12 @@
 """A user's inference script that reuses a ZeRO-3 *training* config, as people do. dsdoctor traces it unchanged.
 
-    deepspeed --num_gpus 2 infer_tiny.py --config train_zero3.json [--no-synced-gpus] [--hang]
+    deepspeed --num_gpus 2 infer_tiny.py --config train_zero3.json [--no-synced-gpus] [--hang [--ready FILE]]
         [--oom-without-offload] [--hf-config]
 
 --hang: ranks ask for different lengths without synced_gpus and then meet at a barrier: the classic ZeRO-3
-generate hang. --oom-without-offload: raise a CUDA-style OOM inside generate when offload_param is off
-(stands in for a real OOM, which cannot happen on the CPU).
+generate hang (--ready: rank 0 writes FILE as it gets to the barrier). --oom-without-offload: raise a
+CUDA-style OOM inside generate when offload_param is off (stands in for a real OOM, which cannot happen on
+the CPU).
 """
 import argparse
 import json
@@ -29,6 +30,7 @@ def main():
     p.add_argument("--hang", action="store_true")
     p.add_argument("--oom-without-offload", action="store_true")
     p.add_argument("--hf-config", action="store_true", help="create HfDeepSpeedConfig before building the model")
+    p.add_argument("--ready", help="with --hang: rank 0 writes this file as it reaches the barrier")
     a = p.parse_args()
 
     torch.manual_seed(0)
@@ -57,6 +59,9 @@ def main():
     with torch.no_grad():
         out = engine.module.generate(ids, **kwargs)
     if a.hang:
+        if a.ready and rank == 0:
+            with open(a.ready, "w") as fh:
+                fh.write("at the barrier\n")
         dist.barrier()
     if rank == 0:
         print(json.dumps({"generated": int(out.shape[-1] - ids.shape[-1])}), flush=True)

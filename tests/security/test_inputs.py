@@ -130,6 +130,7 @@ def _one_error_line(proc, path):
 
 
 @pytest.mark.parametrize("case", sorted(CRAFTED))
+@pytest.mark.process
 def test_crafted_config_ends_at_once_with_exit_2_in_every_command(tmp_path, case):
     make, problem = CRAFTED[case]
     bad = make(tmp_path)
@@ -148,6 +149,7 @@ def test_crafted_config_ends_at_once_with_exit_2_in_every_command(tmp_path, case
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "diag").exists()
 
 
+@pytest.mark.process
 def test_socket_as_config_is_refused(tmp_path):
     path, sock = _socket(tmp_path)
     try:
@@ -158,6 +160,7 @@ def test_socket_as_config_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("make", [_fifo, _dev_zero_link])
+@pytest.mark.process
 def test_non_regular_prompt_file_is_refused_before_any_model_loads(tmp_path, make):
     model = tmp_path / "model"
     model.mkdir()
@@ -169,6 +172,7 @@ def test_non_regular_prompt_file_is_refused_before_any_model_loads(tmp_path, mak
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "tokenizer.json"])
+@pytest.mark.process
 def test_compare_refuses_a_fifo_among_the_model_files(tmp_path, name):
     model = tmp_path / "model"
     model.mkdir()
@@ -181,6 +185,7 @@ def test_compare_refuses_a_fifo_among_the_model_files(tmp_path, name):
 
 
 @pytest.mark.parametrize("make", [_fifo, _dev_zero_link])
+@pytest.mark.process
 def test_non_regular_model_config_json_is_refused(tmp_path, make):
     model = tmp_path / "model"
     model.mkdir()
@@ -297,6 +302,7 @@ def test_escaping_helpers():
     assert err.one_line() == "dir/\\x1b[2Jname: bad\\nthing (try\\x07)"
 
 
+@pytest.mark.process
 def test_path_with_escape_sequences_is_named_escaped(tmp_path):
     weird = tmp_path / "we\x1b[31mird\nname.json"
     proc = run_cli("check", weird)
@@ -323,6 +329,7 @@ def _model(tmp_path, **overrides):
     ("hidden_size", "4096", "hidden_size must be an integer"),
     ("num_attention_heads", 128, "smaller than num_attention_heads"),  # hidden 64 < 128 heads
 ])
+@pytest.mark.process
 def test_impossible_model_shapes_are_bad_input_naming_config_json_and_key(tmp_path, key, value, problem):
     model = _model(tmp_path, **{key: value})
     proc = run_cli("plan", "--model", model, *SMALL_RUN, timeout=HANG_GUARD_S)
@@ -336,11 +343,13 @@ def test_impossible_model_shapes_are_bad_input_naming_config_json_and_key(tmp_pa
     (("--prompt-len", str(2**40)), "prompt length is"),
     (("--gpu-memory", "100PiB"), "--gpu-memory"),
 ])
+@pytest.mark.process
 def test_absurd_plan_flags_end_at_once(tmp_path, flags, problem):
     proc = run_cli("plan", "--model", _model(tmp_path), *SMALL_RUN, *flags, timeout=HANG_GUARD_S)
     assert proc.returncode == 2 and problem in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.process
 def test_compare_refuses_more_cpu_ranks_than_cores_unless_asked(tmp_path):
     model = _model(tmp_path)
     (model / "model.safetensors").write_bytes(b"never loaded: refused before any launch")
@@ -357,6 +366,7 @@ def test_compare_refuses_more_cpu_ranks_than_cores_unless_asked(tmp_path):
 
 # ---------------------------------------------------------------------------- stdout and optional packages
 
+@pytest.mark.process
 def test_closed_stdout_and_full_disk_are_one_line_exit_2(tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text('{"zero_optimization": {"stage": 3}}')
@@ -377,6 +387,7 @@ def test_closed_stdout_and_full_disk_are_one_line_exit_2(tmp_path):
     assert "cannot write the result: No space left on device" in proc.stderr
 
 
+@pytest.mark.process
 def test_plan_plot_without_matplotlib_says_so_in_one_line(tmp_path):
     model = _model(tmp_path)
     code = ("import sys; sys.modules['matplotlib'] = None; from dsdoctor.cli.main import main; "

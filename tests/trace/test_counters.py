@@ -19,6 +19,7 @@ def _result(text: str) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.process
 def test_traced_script_reads_the_same_vmhwm_as_bare(tmp_path):
     """The script allocates a big buffer between two observed phases, frees it, then reads VmHWM. Writing
     /proc/self/clear_refs at the phase boundary (what the observer once did) made the traced VmHWM forget

@@ -4,15 +4,15 @@ The script under test reuses a ZeRO-3 offload *training* config and is run uncha
 from __future__ import annotations
 
 import json
-import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from dsdoctor.findings import all_rules
 from dsdoctor.proctree import deepspeed_shm_files
-from tests.helpers import SCRIPTS, deepspeed_env, run_cli
+from tests.helpers import SCRIPTS, deepspeed_env, free_port, reached_in_time, run_cli
 
 SCRIPT = SCRIPTS / "infer_tiny.py"
 CONFIG = SCRIPTS / "train_zero3_offload.json"
@@ -21,14 +21,11 @@ DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 pytestmark = pytest.mark.deepspeed
 
 
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+HANG_S = 60  # the hang test's first --timeout; idle, the ranks reach the barrier in well under that
 
 
 def _deepspeed(*script_args):
-    return [DEEPSPEED, "--master_port", _free_port(), "--num_gpus", "2", str(SCRIPT), "--config", str(CONFIG),
+    return [DEEPSPEED, "--master_port", str(free_port()), "--num_gpus", "2", str(SCRIPT), "--config", str(CONFIG),
             *script_args]
 
 
@@ -41,11 +38,20 @@ def _gone(pid: int) -> bool:
 
 
 def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
-    """Ranks ask for different lengths without synced_gpus, then meet at a barrier: the classic hang."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
-           "--config", str(CONFIG), "--hang"]  # torchrun: ranks live in sessions of their own
-    r = run_cli("trace", "-q", "--format", "json", "--timeout", "120", "-o", str(tmp_path / "t"), "--", *cmd,
-                env=deepspeed_env(), timeout=300)
+    """Ranks ask for different lengths without synced_gpus, then meet at a barrier: the classic hang.
+
+    The watchdog must fire after the ranks got there. When rank 0 had not reached the barrier by then (a
+    loaded machine starts DeepSpeed ranks slowly), the run is repeated with a longer --timeout."""
+    for limit in (HANG_S, 4 * HANG_S):
+        ready = tmp_path / f"ready-{limit}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(SCRIPT),
+               "--config", str(CONFIG), "--hang", "--ready", str(ready)]  # torchrun: ranks live in sessions of their own
+        start = time.time()
+        r = run_cli("trace", "-q", "--format", "json", "--timeout", str(limit), "-o", str(tmp_path / f"t{limit}"),
+                    "--", *cmd, env=deepspeed_env(), timeout=limit + 180)
+        if reached_in_time(ready, start, limit):
+            break
+    assert reached_in_time(ready, start, limit), f"rank 0 did not reach the barrier within {limit}s"
     data = json.loads(r.stdout)
     assert r.returncode == 1 and data["status"] == "hang", r.stderr[-3000:]
     ranks = {x["rank"]: x for x in data["ranks"]}
@@ -57,6 +63,8 @@ def test_hang_is_caught_and_every_rank_is_ended(tmp_path):
     assert all(_gone(x["pid"]) for x in data["ranks"]), "a rank was left running"
 
 
+@pytest.mark.timeout(3 * 400 + 200)
+@pytest.mark.serial  # checks what dsdoctor unlinks from /dev/shm: alone (tests/conftest.py says why)
 def test_training_config_traced_and_abd_unchanged(tmp_path):
     """One ab run (3 variants, 2 ranks each); its as-is variant is the full trace of the reused training config.
 
@@ -66,7 +74,7 @@ def test_training_config_traced_and_abd_unchanged(tmp_path):
     command = _deepspeed("--oom-without-offload", "--no-synced-gpus")
     port = command[command.index("--master_port") + 1]
     r = run_cli("ab", "-q", "--format", "json", "--timeout", "400", "-o", str(out), "--", *command,
-                env=deepspeed_env(), timeout=900)
+                env=deepspeed_env(), timeout=3 * 400 + 100)  # three variants, each under its own watchdog
     assert deepspeed_shm_files(port) == set()  # 3 launches x 2 CPU ranks on this port, none left in /dev/shm
     data = json.loads(r.stdout)
     by = {v["name"]: v for v in data["variants"]}
