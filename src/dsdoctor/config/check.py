@@ -234,10 +234,22 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
     for name, v in (("--gpus", gpus), ("--tp", tp)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InputError(f"{name} must be a positive integer, not {v!r}")
-    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+    from dsdoctor.config import rl, rl_checks
+
+    found_rl = rl_checks.launch_config(config) if isinstance(config, (str, os.PathLike)) else None
+    loaded, rl_job = found_rl if found_rl else (None, None)
+    if loaded is None:
+        loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+        rl_job = rl.job_of_config(loaded.raw, loaded.source, loaded.path)
     spec = load_model_spec(model) if model is not None else None
     runner_name = runner
     runner = detect_runner(loaded, mode, runner_name)
+    if rl_job is not None and mode is None:  # generation inside training: read for training
+        runner.mode = "train"
+        if found_rl:
+            runner.mode_source = f"{rl_checks.FRAMEWORK_LABELS[rl_job.framework]} launch line"
+        else:
+            runner.mode_source = "trl arguments" if rl_job.framework == "trl" else "hybrid_engine block (RLHF actor)"
     vers = resolve_versions(versions)
     if runner.name == "init_inference":  # read as DeepSpeedInferenceConfig (below); initialize's reading is moot
         eff, hf = effective_settings({}, "deepspeed"), effective_settings({}, "hf-trainer")
@@ -269,7 +281,12 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         if zf:
             findings.append(zf)
         findings += checks_configs.version_findings(loaded.raw, primary, runner, vers, spec, tp)
-        findings += checks_configs.hybrid_engine_findings(loaded.raw, primary, gpus)
+        if rl_job is not None and not runner.inference:
+            findings += rl_checks.findings(rl_job, primary.zero_stage, gpus)
+            if not found_rl and rl_job.framework == "deepspeed-chat":
+                findings.append(rl_checks.actor_config_finding(loaded))
+        if not found_rl:  # a launch line's hybrid_engine is the framework's own: DSD141/DSD143 say what it does
+            findings += checks_configs.hybrid_engine_findings(loaded.raw, primary, gpus)
         findings += checks_configs.weight_quantization_findings(loaded.raw, primary, runner)
     return CheckResult(
         config=loaded.name, kind=loaded.kind, mode=runner.mode, effective=eff, hf_trainer=hf,
