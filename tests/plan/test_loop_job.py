@@ -35,11 +35,14 @@ def test_dschat_job_per_gpu_sum_matches_its_parts():
     parts = g.breakdown
     for role in ("actor", "reference", "critic", "reward"):
         assert parts[f"{role}:weights"] == n * 2  # ZeRO-2 and stage 0 keep the whole model on every GPU
-    # fp16 gradient partition + fp32 master + two fp32 moments, per element of the 1/8 partition
-    assert parts["actor:optimizer_state"] == parts["critic:optimizer_state"] == (2 + 4 + 8) * shard
-    # stage 2 with overlap_comm (DeepSpeed-Chat sets it): two reduce_bucket_size buffers of fp16
-    assert parts["actor:gradient_buckets"] == 2 * 500_000_000 * 2
+    # ZeRO-2 keeps the fp32 master and two fp32 moments per element of the 1/8 partition all along
+    assert parts["actor:optimizer_state"] == parts["critic:optimizer_state"] == (4 + 8) * shard
     assert "reference:optimizer_state" not in parts and "reward:optimizer_state" not in parts
+    # the training step (the peak here) adds the gradients: the fp16 partition and its fp32 copy, and with
+    # overlap_comm (DeepSpeed-Chat sets it) two reduce_bucket_size buffers of fp16
+    assert g.peak_at == "train"
+    step = {k.split(":", 2)[2]: v for k, v in parts.items() if k.startswith("train:")}
+    assert step["gradients"] == (2 + 4) * shard and step["gradient_buckets"] == 2 * 500_000_000 * 2
     # the JSON carries the same numbers
     d = r.to_dict()
     assert d["given"]["gpu_peak_bytes"] == sum(d["given"]["breakdown"].values())
@@ -59,7 +62,8 @@ def test_zero2_for_the_actor_no_longer_fits_and_an_arrangement_that_does_is_reco
     assert rec.fits and rec.gpu_need_bytes <= 40 * GiB
     assert rec.holds["actor"] != "zero2"  # the actor alone's recommendation is not what fits the job
     assert r.recommended.changes and all(s.startswith("--") for s, _a, _b in r.recommended.changes)
-    assert "--actor_zero_stage 3" in r.recommended.code  # DeepSpeed-Chat's own flags
+    for flag, _before, after in r.recommended.changes:  # in DeepSpeed-Chat's own flags
+        assert (flag if after is True else f"{flag} {after}") in r.recommended.code
     assert "DSD230" in codes and codes["DSD230"].message().startswith("the RL job as given does not fit")
 
 
@@ -71,7 +75,7 @@ def test_reference_offload_below_stage3_is_counted_whole():
 
 
 def _two_models(**kw):
-    job = rl.job_from_dict({"gpus": 1, "dtype": "bf16", "models": {"actor": {"model": str(LLAMA_7B), "stage": 3},
+    job = rl.job_from_dict({"gpus": 2, "dtype": "bf16", "models": {"actor": {"model": str(LLAMA_7B), "stage": 3},
                                                                     "reference": {"model": str(LLAMA_7B), "stage": 3,
                                                                                   "trainable": False}},
                             "rollout": {"batch": 4, "prompt_len": 512, "new_tokens": 64}, "train": {"micro_batch": 2},
@@ -87,9 +91,16 @@ def test_gather_once_adds_the_whole_weights_to_the_rollout_only():
     once = evaluate_arrangement(_two_models(engine=rl.Engine("gather-once")), gpu_memory="141GiB", gpu_name="H200",
                                 host_memory="1TiB", detect=False, counts="formula")
     b, o = ({p.name: p for p in x["phases"]} for x in (base, once))
-    assert o["rollout"].parts["rollout:gathered_whole_model"] == 6738415616 * 2
+    assert o["rollout"].parts["rollout:gathered_whole_model"] == 6738415616 * 2  # on each of the 2 GPUs
     assert o["train"].total == b["train"].total and o["experience"].total == b["experience"].total
     assert once["times"]["rollout"] < base["times"]["rollout"]  # ZeRO-3's hooks on every token cost more
+
+
+def test_gathering_on_one_gpu_copies_nothing():
+    """Measured on one H200 (bench/rlloop/job_gpu.py): ZeRO-3's partition on one rank is the whole model."""
+    one = evaluate_arrangement(_two_models(engine=rl.Engine("gather-once"), gpus=1), gpu_memory="141GiB",
+                               gpu_name="H200", host_memory="1TiB", detect=False, counts="formula")
+    assert "rollout:gathered_whole_model" not in {p.name: p for p in one["phases"]}["rollout"].parts
 
 
 def test_flags_give_the_job_and_the_dtype_is_kept():

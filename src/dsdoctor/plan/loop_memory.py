@@ -5,18 +5,21 @@ A model is held (``Hold``) at a ZeRO stage with or without ``offload_param`` (st
 it below) and, when it trains, with or without ``offload_optimizer``:
 
 * weights: stage 3 a 1/N shard (none with offload_param: pinned on the host), else the whole model;
-* a trainable model's state (DeepSpeed 0.19.8's ZeRO optimizers, fp32 Adam): stage 2/3 the gradient partition
-  in the training dtype + fp32 master + two fp32 moments per element of the 1/N partition; stage 1 whole
-  gradients + the partitioned rest; stage 0 all of it whole; with offload_optimizer the master, gradients and
-  moments on the host (17 bytes per shard element measured at initialize, ``zero_costs.py``, + 8 for the
-  moments); and the gradient buckets: stage 3's reduce bucket, stage 2's ``reduce_bucket_size`` buffer (two
-  with ``overlap_comm``), kept between steps (``stage_1_and_2.setup_buckets``).
+* a trainable model's state (DeepSpeed 0.19.8's ZeRO optimizers, fp32 Adam): fp32 master + two fp32 moments
+  per element of the 1/N partition (stage 0: of the whole model), and at stage 3 also the flat gradient
+  partition in the training dtype and the reduce bucket, built at initialize; with offload_optimizer the
+  master, gradients and moments on the host (17 bytes per shard element measured at initialize,
+  ``zero_costs.py``, + 8 for the moments). ZeRO-1/2 hold their gradients (the partition, or the whole model
+  at stage 1 and 0, in the training dtype, its fp32 copy for the optimizer) and reduce buckets only from
+  backward to the end of ``step`` (``stage_1_and_2.py`` frees them there): a training-step part, measured on
+  one H200 (bench/rlloop/job_gpu.py: a ZeRO-2 rollout peak of weights + 12 bytes per parameter).
 
 The phases, each on top of every model's share (plus what the rollout engine keeps):
 
 * rollout: the actor generates ``batch`` sequences of prompt + new tokens: plan's own generate model
   (``memory.allocated`` on the plain or ZeRO-3 layout) for HF generate; gather-once and the hybrid engine
-  under ZeRO-3 (pin_parameters) add the whole weights; the hybrid engine's workspace holds its KV cache for
+  under ZeRO-3 (pin_parameters) add the whole weights (nothing on one GPU without offload: its partition is
+  the whole model, measured); the hybrid engine's workspace holds its KV cache for
   max_out_tokens positions at full attention width (its inference kernels), kept through training unless
   ``release_inference_cache``; a colocated vLLM engine holds ``gpu_memory_utilization`` of each GPU,
   through training unless put to sleep;
@@ -26,7 +29,7 @@ The phases, each on top of every model's share (plus what the rollout engine kee
   models, logits over every position with their fp32 copy (value heads: none);
 * train: one step of each trainable model on a micro-batch: the activations kept for backward (34 bytes per
   token, hidden element and layer at 16 bits, Korthikanti et al. 2022, ``loop.py``; with gradient
-  checkpointing each layer's input and one layer recomputed), logits, ZeRO-3's gathers.
+  checkpointing each layer's input and one layer recomputed), logits, ZeRO-3's gathers, ZeRO-1/2's gradients.
 
 The per-GPU peak is the largest phase; its parts add up to it. Torch-free.
 """
@@ -104,19 +107,30 @@ class ModelCosts:
         shard = self.shard()
         if h.offload_optimizer:
             host["optimizer_state"] = (HOST_BYTES_PER_SHARD_ELEMENT + ADAM_MOMENTS) * shard * self.world
-            if h.stage < 2:
-                gpu["gradients"] = n * b
-        elif h.stage >= 2:
+        elif h.stage == 3:  # fp32 master and the flat gradient partition, built at initialize (zero_costs.py)
             gpu["optimizer_state"] = (b + FP32_MASTER + ADAM_MOMENTS) * shard
-        elif h.stage == 1:
-            gpu["optimizer_state"] = n * b + (FP32_MASTER + ADAM_MOMENTS) * shard
+        elif h.stage in (1, 2):  # the gradients live only from backward to the end of step (train_step)
+            gpu["optimizer_state"] = (FP32_MASTER + ADAM_MOMENTS) * shard
         else:
-            gpu["optimizer_state"] = (b + FP32_MASTER + ADAM_MOMENTS) * n
+            gpu["optimizer_state"] = (FP32_MASTER + ADAM_MOMENTS) * n
         if h.stage == 3:
             gpu["gradient_buckets"] = self.reduce_bucket * b
-        elif h.stage == 2:
-            gpu["gradient_buckets"] = self.reduce_bucket * b * (2 if self.overlap_comm else 1)
         return gpu, host
+
+    def step_gradients(self, hold: Hold) -> dict:
+        """What ZeRO-1/2 (and stage 0) hold from the first backward to the end of ``step``
+        (``stage_1_and_2.py``): the gradients in the training dtype (stage 1 and 0 whole, stage 2 its
+        partition), the fp32 copy of the partition the optimizer steps on, and the reduce buckets
+        (``reduce_bucket_size``, two with ``overlap_comm``). ZeRO-3 keeps its partition from initialize on."""
+        h, n, b = effective(hold, True), self.params, self.b
+        if h.stage == 3:
+            return {}
+        part = n if h.stage == 0 else self.shard()
+        grads = (n if h.stage < 2 else part) * b + (0 if h.offload_optimizer else part * FP32_MASTER)
+        out = {"gradients": grads}
+        if h.stage in (1, 2):
+            out["gradient_buckets"] = self.reduce_bucket * b * (2 if self.overlap_comm else 1)
+        return out
 
     def _layout(self, hold: Hold) -> Layout:
         h = effective(hold, self.trainable)
@@ -159,6 +173,7 @@ class ModelCosts:
         parts = {"gathered": self.gathered(hold, Workload(batch, seq, 1, dtype)), "activations": int(act)}
         if not self.value_head:
             parts["logits"] = tokens * s.vocab * (b + 4)
+        parts.update(self.step_gradients(hold))
         return parts
 
     def generate(self, hold: Hold, wl: Workload) -> dict:
@@ -190,16 +205,18 @@ def engine_parts(actor: ModelCosts, hold: Hold, engine, wl: Workload, gpu_memory
             return {}, {}, ["the vLLM engine runs on GPUs of its own"]
         held = int((engine.gpu_memory_utilization or 0.9) * gpu_memory)
         return {"engine": held}, ({} if engine.sleep else {"engine": held}), []
+    # gathering on one GPU without offload copies nothing: the rank's partition is the whole model already
+    gathers = actor.world > 1 or h.offload_param
     if kind == "gather-once" and h.stage == 3:
         parts = dict(actor.plain_generate(wl))
-        parts["gathered_whole_model"] = actor.weights
+        parts["gathered_whole_model"] = actor.weights if gathers else 0
         return parts, {}, []
     if kind == "hybrid-engine":
         plain = actor.plain_generate(wl)
         ws = actor.workspace_kv(wl, engine.tp)
         parts = {"workspace": ws, "activations": plain["activations"], "logits": plain["logits"]}
         if h.stage == 3 and engine.pin:
-            parts["gathered_whole_model"] = actor.weights
+            parts["gathered_whole_model"] = actor.weights if gathers else 0
         elif h.stage == 3:
             parts["gathered"] = actor.generate(hold, wl)["gathered"]
         return parts, ({} if engine.release_cache else {"workspace": ws}), []

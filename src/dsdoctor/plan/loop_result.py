@@ -275,7 +275,11 @@ def build_result(job, resolved, hw, wl, train_batch, rows, base, chosen, figures
                "how": resolved[m.role].how, "trainable": m.trainable,
                "given": effective_given(m).label if effective_given(m) else None} for m in job.models]
     assumptions = [f"CPU Adam {CPU_ADAM_ELEMENTS_PER_S:.0e} elements/s per rank",
-                   "the hybrid engine's kernels at plain generate speed"] + list(job.notes)
+                   "gather-once and the hybrid engine at plain generate speed (an upper bound: DeepSpeed's "
+                   "unwrap_model_for_generation measured 0.34x plain on one H200, 1.5B; ab measures yours)",
+                   "the caching allocator's reserve beyond the training step's allocated peak is not modelled "
+                   "(one H200 reserved 1.26-1.35x it, BENCHMARKS.md): keep headroom or set "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] + list(job.notes)
     workload = {"batch": wl.batch, "prompt_len": wl.prompt_len, "new_tokens": wl.new_tokens, "dtype": wl.dtype,
                 "train_batch": train_batch}
     jd = {"framework": job.framework, "source": job.source, "engine": job.engine.to_dict() if job.engine else None,
