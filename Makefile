@@ -45,7 +45,7 @@ clean:
 # Here (a machine with pip access):   make gpu-wheels       DeepSpeed 0.19.8 + its pure-Python needs as wheels in .whl/
 # On the GPU machine, .whl/ carried over, one line per bench (OUT: where the raw outputs go):
 #   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-loading, gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare,
-#                                      gpu-bench-config, gpu-bench-rlloop [GPUS=1|2])
+#                                      gpu-bench-config, gpu-bench-rlloop [GPUS=1|2], gpu-bench-rljob)
 # The GPU machine's image has torch, transformers, accelerate and safetensors; the wheels go to $(GPU_SITE).
 WHL ?= .whl
 GPU_SITE ?= /tmp/site
@@ -56,7 +56,7 @@ WHEEL_PY ?= 3.12
 GPUS ?= 1
 
 .PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-loading gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare \
-	gpu-bench-config gpu-bench-rlloop gpu-bench-counters
+	gpu-bench-config gpu-bench-rlloop gpu-bench-rljob gpu-bench-counters
 
 gpu-wheels:
 	mkdir -p $(WHL) $(WHL)/.src
@@ -96,3 +96,6 @@ gpu-bench-config: gpu-site
 
 gpu-bench-rlloop: gpu-site
 	$(GPU_ENV) python3 -m torch.distributed.run --nproc_per_node $(GPUS) bench/rlloop/run_gpu.py --out $(OUT)/rlloop-$(GPUS)gpu
+
+gpu-bench-rljob: gpu-site
+	$(GPU_ENV) python3 bench/rlloop/job_gpu.py --out $(OUT)/rljob

@@ -40,6 +40,14 @@ def plan(model, **kwargs):
     return run(model, **kwargs)
 
 
+def plan_job(job=None, **kwargs):
+    """An RL job's models on the same GPUs: per-GPU memory of every arrangement and the fastest that fits (see
+    dsdoctor.plan.loop_job.plan_job). ``job``: a job file, launch line, dict or ``RlJob``; or the models as
+    ``actor=``, ``ref=``, ``critic=``, ``reward=`` (``MODEL[:opts]``)."""
+    from dsdoctor.plan.loop_job import plan_job as run
+    return run(job, **kwargs)
+
+
 def trace(command, out=None, timeout=None, **kwargs):
     """Run ``command`` (a list of strings) with the observer in every rank; the per-rank report."""
     from dsdoctor.trace.api import trace as run

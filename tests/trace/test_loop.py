@@ -113,6 +113,37 @@ def test_ab_diagnosis_puts_gather_once_beside_as_is():
     assert "DSD313" not in [x.code for x in found]
 
 
+def test_ab_advice_follows_a_measured_slower_gather_once(tmp_path):
+    """A gather-once measured slower than as-is is not recommended: DSD332 says keep the run, and the as-is
+    trace's DSD330 yields to the measurement instead of recommending the gather."""
+    from dsdoctor.trace.loop_rules import follow_measurement
+
+    found = diagnose([_variant("as-is", 25.0, 500 << 20), _variant("gather-once", 10.0, 600 << 20)])
+    f = next(f for f in found if f.code == "DSD332")
+    assert f.effective_severity == "info" and "unwrap_model_for_generation" not in f.fix()
+    assert f.fix().startswith("keep the rollout as it is") and "10.0 against 25.0" in f.fix()
+    assert "保持 rollout 原样" in f.fix("zh")
+    _ranks, as_is = _trace(tmp_path, train=True)
+    dsd330 = next(x for x in as_is if x.code == "DSD330")
+    assert "unwrap_model_for_generation" in dsd330.fix()  # the trace alone still says gather once
+    followed = next(x for x in follow_measurement(found, as_is) if x.code == "DSD330")
+    assert "measured gathering once slower" in followed.fix() and "unwrap_model_for_generation" not in followed.fix()
+    assert followed.message() == dsd330.message()
+
+
+def test_ab_advice_follows_a_measured_faster_gather_once(tmp_path):
+    found = diagnose([_variant("as-is", 10.0, 500 << 20), _variant("gather-once", 25.0, 600 << 20)])
+    f = next(f for f in found if f.code == "DSD332")
+    assert f.effective_severity == "warning" and "unwrap_model_for_generation" in f.fix()
+    from dsdoctor.trace.loop_rules import follow_measurement
+
+    _ranks, as_is = _trace(tmp_path, train=True)
+    assert follow_measurement(found, as_is) == as_is
+    even = diagnose([_variant("as-is", 10.0, 500 << 20), _variant("gather-once", 10.5, 600 << 20)])
+    f = next(f for f in even if f.code == "DSD332")
+    assert f.effective_severity == "info" and "no faster" in f.fix()
+
+
 @pytest.mark.parametrize("cmd, want", [
     (["torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "x.py", "--nnodes", "9"], (2, 1)),
     (["python", "-m", "torch.distributed.run", "--nnodes=1:3", "--node_rank=0", "x.py"], (3, 0)),

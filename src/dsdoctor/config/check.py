@@ -234,10 +234,12 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
     for name, v in (("--gpus", gpus), ("--tp", tp)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InputError(f"{name} must be a positive integer, not {v!r}")
-    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+    loaded, rl_job, found_rl = _load_with_rl_job(config)
     spec = load_model_spec(model) if model is not None else None
     runner_name = runner
     runner = detect_runner(loaded, mode, runner_name)
+    if rl_job is not None and mode is None:  # generation inside training: read for training
+        _read_for_training(runner, rl_job, found_rl)
     vers = resolve_versions(versions)
     if runner.name == "init_inference":  # read as DeepSpeedInferenceConfig (below); initialize's reading is moot
         eff, hf = effective_settings({}, "deepspeed"), effective_settings({}, "hf-trainer")
@@ -269,7 +271,7 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         if zf:
             findings.append(zf)
         findings += checks_configs.version_findings(loaded.raw, primary, runner, vers, spec, tp)
-        findings += checks_configs.hybrid_engine_findings(loaded.raw, primary, gpus)
+        findings += _rl_findings(loaded, primary, runner, rl_job, found_rl, gpus)
         findings += checks_configs.weight_quantization_findings(loaded.raw, primary, runner)
     return CheckResult(
         config=loaded.name, kind=loaded.kind, mode=runner.mode, effective=eff, hf_trainer=hf,
@@ -278,6 +280,45 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         ref_missing=loaded.ref_missing, stage_from_name=loaded.stage_from_name,
         sections=checks_configs.inference_sections(loaded.raw),
     )
+
+
+def _load_with_rl_job(config) -> tuple[LoadedConfig, object, bool]:
+    """The config, the RL job around it (an RL framework's launch line names its config) and whether a launch
+    line was read."""
+    from dsdoctor.config import rl, rl_checks
+
+    found_rl = rl_checks.launch_config(config) if isinstance(config, (str, os.PathLike)) else None
+    if found_rl:
+        loaded, rl_job = found_rl
+        return loaded, rl_job, True
+    loaded = config if isinstance(config, LoadedConfig) else load_config(config)
+    return loaded, rl.job_of_config(loaded.raw, loaded.source, loaded.path), False
+
+
+def _read_for_training(runner, rl_job, found_rl: bool) -> None:
+    """Generation inside training: the config is read for training, and the runner says what told it so."""
+    from dsdoctor.config import rl_checks
+
+    runner.mode = "train"
+    if found_rl:
+        runner.mode_source = f"{rl_checks.FRAMEWORK_LABELS[rl_job.framework]} launch line"
+    else:
+        runner.mode_source = "trl arguments" if rl_job.framework == "trl" else "hybrid_engine block (RLHF actor)"
+
+
+def _rl_findings(loaded: LoadedConfig, primary: Effective, runner, rl_job, found_rl: bool, gpus) -> list:
+    """The RL job's findings, and hybrid_engine's (a launch line's hybrid_engine is the framework's own:
+    DSD141/DSD143 say what it does)."""
+    from dsdoctor.config import rl_checks
+
+    findings = []
+    if rl_job is not None and not runner.inference:
+        findings += rl_checks.findings(rl_job, primary.zero_stage, gpus)
+        if not found_rl and rl_job.framework == "deepspeed-chat":
+            findings.append(rl_checks.actor_config_finding(loaded))
+    if not found_rl:
+        findings += checks_configs.hybrid_engine_findings(loaded.raw, primary, gpus)
+    return findings
 
 
 def read_both(loaded: LoadedConfig, spec: ModelSpec | None) -> tuple[Effective, Effective]:

@@ -83,7 +83,8 @@ def path_findings(spec, wl, hw, chosen, pos_limit, hard, run_dtype, capability) 
 
 
 def loop_findings(plans: list) -> list[Finding]:
-    """DSD207 (gather-once against ZeRO-3 generate), DSD208 (gather-once does not fit), DSD209 (ZeRO-2 fits)."""
+    """DSD207 (gather-once against ZeRO-3 generate), DSD208 (gather-once does not fit), DSD209 (ZeRO-2 fits), and
+    DSD231: one model planned, an RL job's others not counted (``plan --loop --ref/--critic/--reward/--job``)."""
     by = {p.name: p for p in plans}
     once, z3, z2 = by.get("zero3-gather-once"), by.get("zero3"), by.get("zero2")
     out = []
@@ -101,7 +102,7 @@ def loop_findings(plans: list) -> list[Finding]:
     if z2 is not None and z2.fits:
         out.append(Finding("DSD209", {"peak": human_bytes(z2.gpu_peak_bytes), "tps": f"{z2.tokens_per_s:.0f}",
                                       "gpus": z2.ranks}))
-    return out
+    return out + [Finding("DSD231", {})]
 
 
 def fragmentation_findings(plans, chosen, config_path, with_expandable=None) -> list[Finding]:

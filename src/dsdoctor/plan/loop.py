@@ -141,15 +141,33 @@ def loop_speed(name: str, plain_speed: Speed, weights: int, gpus: int, wl, figur
                  plain_speed.decode_tokens_per_s, plain_speed.bound)
 
 
+TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+FP16_SCALING = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                "hysteresis": 2, "min_loss_scale": 1}
+
+
+def training_dtype_section(dtype: str) -> dict:
+    """The precision section of a training config: bf16, or fp16 with dynamic loss scaling (DeepSpeed's defaults:
+    ``loss_scale`` 0, ``initial_scale_power`` 16, ``loss_scale_window`` 1000, ``hysteresis`` 2,
+    ``min_loss_scale`` 1), fp32 none. Without an fp16 section an fp16 user would train in fp32."""
+    if dtype == "bf16":
+        return {"bf16": {"enabled": True}}
+    if dtype == "fp16":
+        return {"fp16": dict(FP16_SCALING)}
+    return {}
+
+
 def training_code(path: str, model: str, gpus: int, dtype: str) -> str:
-    """The training script of a loop whose actor trains on ``path`` and generates its rollouts."""
+    """The training script of a loop whose actor trains on ``path`` and generates its rollouts, in the run's
+    dtype (its precision section and ``from_pretrained(..., dtype=...)``)."""
     stage = 2 if path == "zero2" else 3
+    cfg = {**training_dtype_section(dtype), "zero_optimization": {"stage": stage},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-6}}, "train_micro_batch_size_per_gpu": 1}
     lines = [f"# deepspeed --num_gpus {gpus} train_rl.py",
              "import deepspeed, torch",
              "from transformers import AutoModelForCausalLM",
-             f"ds_config = {{\"bf16\": {{\"enabled\": {dtype == 'bf16'}}}, \"zero_optimization\": {{\"stage\": {stage}}}, "
-             "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-6}}, \"train_micro_batch_size_per_gpu\": 1}",
-             f"policy = AutoModelForCausalLM.from_pretrained({model!r})",
+             f"ds_config = {cfg!r}",
+             f"policy = AutoModelForCausalLM.from_pretrained({model!r}, dtype={TORCH_DTYPE.get(dtype, 'torch.bfloat16')})",
              "engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=ds_config)"]
     if path == "zero3-gather-once":
         lines += ["from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation",

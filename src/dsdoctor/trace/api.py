@@ -17,6 +17,7 @@ from dsdoctor.report.render import write_report
 from dsdoctor.trace import multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
 from dsdoctor.trace.launch import run_command
+from dsdoctor.trace.loop_rules import follow_measurement
 from dsdoctor.trace.records import read_records
 from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
 from dsdoctor.trace.variants import parse_variants
@@ -114,6 +115,7 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
                 print(f"dsdoctor ab: {stop.message('en')}", file=sys.stderr, flush=True)
                 break
         findings = [stop] if stop is not None else diagnose(results)
+        as_is_findings = follow_measurement(findings, as_is_findings)  # trace's advice yields to ab's measurement
         result = AbResult(command=command, variants=results, findings=findings + as_is_findings, out_dir=final)
         if final:
             write_report(result, directory, lang)

@@ -216,7 +216,7 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:  # noqa: C901
             out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
                                           human_bytes(base.peak_host_bytes), "after":
                                           human_bytes(split.peak_host_bytes), "speed": speed}))
-    from dsdoctor.trace.loop import gather_once_diagnosis
+    from dsdoctor.trace.loop_rules import gather_once_diagnosis
 
     out += gather_once_diagnosis(variants, gpu)
     if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD332") for f in out):

@@ -9,7 +9,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-from dsdoctor.findings import Finding, Phrase
 from dsdoctor.i18n import message_table
 from dsdoctor.trace.records import RankRecord
 from dsdoctor.units import human_bytes, human_seconds
@@ -84,38 +83,6 @@ def kv_bytes(loop: dict) -> int | None:
         return None
 
 
-def loop_findings(summaries: list) -> list[Finding]:
-    """DSD330 (ZeRO-3 gathers every layer for every token inside the training step) or DSD331 (already
-    gathered once per generate)."""
-    looped = [r for r in summaries if r.loop]
-    if not looped:
-        return []
-    r0 = looped[0]
-    lp = r0.loop
-    ranks = ", ".join(str(r.rank) for r in looped)
-    share = f"{100 * lp['share']:.0f}%" if lp.get("share") is not None else "?"
-    rate = f"{lp['tokens_per_s']:.1f}" if lp.get("tokens_per_s") else "?"
-    common = {"ranks": ranks, "generates": lp["generates"], "generate_s": f"{lp['generate_s']:.2f}",
-              "loop_s": f"{lp['loop_s']:.2f}", "share": share, "tokens_per_s": rate, "steps": lp["steps"]}
-    rows = lp["per_generate"]
-    if not lp.get("zero3"):
-        return []
-    if all(row["gather_once"] == "applied" or row["already_gathered"] for row in rows):
-        return [Finding("DSD331", common)]
-    world = lp.get("world_size") or 1
-    full = lp.get("param_bytes") or 0
-    shard = full // world if world else full
-    gathered = [row["gathered_bytes"] for row in rows if row["gathered_bytes"] is not None]
-    forwards = [row["forwards"] for row in rows if row["forwards"] is not None]
-    kv = kv_bytes(lp)
-    values = dict(common, gathered=human_bytes(max(gathered)) if gathered else "?",
-                  forwards=max(forwards) if forwards else "?",
-                  per_forward=human_bytes(lp.get("gather_bytes_per_forward")),
-                  full=human_bytes(full), shard=human_bytes(shard), world=world,
-                  extra=human_bytes(max(full - shard, 0)), kv=human_bytes(kv) if kv else "?")
-    return [Finding("DSD330", values)]
-
-
 # ------------------------------------------------------------------ rendering
 
 HEAD = message_table("trace.loop.TEXT")["head"]  # in dsdoctor/messages.json
@@ -131,27 +98,3 @@ def rows(ranks) -> list[tuple]:
                         "-" if g["forwards"] is None else g["forwards"], human_bytes(g["gathered_bytes"]),
                         human_seconds(g["iteration_s"]), "-" if g["share"] is None else f"{100 * g['share']:.0f}%"))
     return out
-
-
-# ------------------------------------------------------------------ ab: as-is against gather-once
-
-def gather_once_diagnosis(variants, gpu: bool) -> list[Finding]:
-    """DSD332 when both as-is and gather-once ran: rollout speed and generate peak side by side."""
-    by = {v.name: v for v in variants}
-    base, once = by.get("as-is"), by.get("gather-once")
-    if not base or not once or base.status != "ok" or once.status != "ok":
-        return []
-    if not base.tokens_per_s or not once.tokens_per_s:
-        return []
-    def peak(v):
-        if gpu:
-            return v.generate_peak_gpu_bytes or v.peak_gpu_bytes
-        return v.generate_peak_host_bytes or v.peak_host_bytes
-
-    # a warning only when gathering once is clearly faster (differences under 10% are noise, as in ab)
-    severity = None if once.tokens_per_s > base.tokens_per_s * 1.1 else "info"
-    return [Finding("DSD332", severity=severity, values={
-        "after": f"{once.tokens_per_s:.1f}", "before": f"{base.tokens_per_s:.1f}",
-        "speedup": f"{once.tokens_per_s / base.tokens_per_s:.2f}", "kind": Phrase("gpu" if gpu else "host"),
-        "peak_after": human_bytes(peak(once)),
-        "peak_before": human_bytes(peak(base))})]

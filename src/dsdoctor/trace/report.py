@@ -11,6 +11,7 @@ from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.trace import loop as gen_loop
+from dsdoctor.trace.loop_rules import loop_findings
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes, human_seconds
 
@@ -417,7 +418,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             out.append(Finding("DSD303", {"rank": rec.rank, "files": files}))
             break
 
-    out += gen_loop.loop_findings(ranks)
+    out += loop_findings(ranks)
     ignored = _ignored_zero_at_init_inference(records)
     if ignored:
         out.append(ignored)

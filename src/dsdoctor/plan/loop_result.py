@@ -1,0 +1,298 @@
+"""The result of planning an RL job (``plan_job``): the arrangements compared, the per-GPU parts of the given
+and the recommended one, the recommendation with its setting changes and code, the findings (DSD230-DSD233).
+One serializable type for text, JSON and Markdown."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsdoctor.config.rl import ROLES
+from dsdoctor.findings import Finding, Phrase, sort_findings
+from dsdoctor.i18n import message_table, pick
+from dsdoctor.plan import findings as plan_findings
+from dsdoctor.plan.loop_arrange import changes
+from dsdoctor.plan.loop_code import job_code, job_ds_configs
+from dsdoctor.plan.loop_memory import Hold, effective
+from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.units import human_bytes, human_count
+
+TEXT = message_table("plan.loop_result.TEXT")
+LABELS = message_table("plan.result.LABELS")
+PART_LABELS = message_table("plan.loop_result.PARTS")
+SHOWN = 8  # rows in the table
+CPU_ADAM_ELEMENTS_PER_S = 1e9  # DeepSpeedCPUAdam per rank (an assumption the result states)
+
+
+def part_label(key: str, lang: str) -> str:
+    """``actor:weights`` -> "actor weights"; ``rollout:kv_cache`` -> "rollout KV cache"."""
+    bits = key.split(":")
+    leaf = bits[-1]
+    text = PART_LABELS.get(leaf) or LABELS.get(leaf)
+    words = [pick(TEXT["role " + b], lang) if ("role " + b) in TEXT else b for b in bits[:-1]]
+    return " ".join(words + [pick(text, lang) if text else leaf])
+
+
+@dataclass
+class JobRow:
+    arrangement: str
+    holds: dict  # role -> hold label
+    engine: str
+    fits: bool
+    limits: list
+    gpu_peak_bytes: int  # allocated peak of the worst group's worst phase
+    gpu_need_bytes: int  # + allocator slack + CUDA context + NCCL: what decides fits
+    peak_at: str
+    phases: dict  # phase -> allocated bytes
+    breakdown: dict  # the peak phase's parts, adding up to gpu_peak_bytes
+    host_peak_bytes: int
+    seconds: dict  # rollout, experience, train
+    iteration_s: float
+    samples_per_s: float
+    rollout_tokens_per_s: float
+    changes: list = field(default_factory=list)  # (setting, from, to)
+    code_change: bool = False
+    given: bool = False
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["changes"] = [{"setting": s, "from": a, "to": b} for s, a, b in self.changes]
+        d["iteration_s"] = round(self.iteration_s, 3)
+        d["samples_per_s"] = round(self.samples_per_s, 3)
+        d["rollout_tokens_per_s"] = round(self.rollout_tokens_per_s, 1)
+        d["seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
+        return d
+
+
+def label(cand) -> tuple[str, dict]:
+    order = {r: i for i, r in enumerate(ROLES)}
+    holds = {role: h.label for role, h in sorted(cand.holds.items(), key=lambda rh: order.get(rh[0], 99))}
+    text = ", ".join(f"{role} {h}" for role, h in holds.items()) + f"; {cand.engine.label}"
+    return text, holds
+
+
+def row_of(r: dict, base_cand, is_given: bool = False) -> JobRow:
+    cand = r["candidate"]
+    text, holds = label(cand)
+    return JobRow(text, holds, cand.engine.label, r["fits"], list(r["limits"]), r["peak"].total, r["need"],
+                  r["peak"].name, {p.name: p.total for p in r["phases"]}, dict(r["peak"].parts), r["host"],
+                  dict(r["times"]), r["total_s"], r["samples_per_s"], r["rollout_tokens_per_s"],
+                  [] if is_given else changes(cand, base_cand), cand.code_change, is_given, list(r["notes"]))
+
+
+@dataclass
+class JobRecommendation:
+    arrangement: str | None
+    why: dict
+    changes: list
+    code: str | None
+    ds_configs: dict  # role -> the DeepSpeed config it runs with
+
+    def to_dict(self, lang: str) -> dict:
+        return {"arrangement": self.arrangement, "why": pick(self.why, lang) if self.why else None,
+                "changes": [{"setting": s, "from": a, "to": b} for s, a, b in self.changes], "code": self.code,
+                "ds_configs": self.ds_configs}
+
+
+@dataclass
+class JobPlanResult:
+    job: dict
+    models: list  # one dict per model: role, source, params, how it was read, trainable, given hold
+    workload: dict
+    hardware: object
+    rows: list[JobRow]
+    given: JobRow | None
+    recommended: JobRecommendation
+    findings: list[Finding]
+    assumptions: list
+
+    def to_dict(self, lang: str = "en") -> dict:
+        return {"job": self.job, "models": self.models, "workload": self.workload,
+                "hardware": self.hardware.to_dict(), "given": self.given.to_dict() if self.given else None,
+                "arrangements": [r.to_dict() for r in self.rows], "recommended": self.recommended.to_dict(lang),
+                "assumptions": self.assumptions,
+                "findings": [f.to_dict(lang) for f in sort_findings(self.findings)]}
+
+    # ------------------------------------------------------------ rendering
+    def _header(self, lang: str) -> list[str]:
+        t = lambda k: pick(TEXT[k], lang)  # noqa: E731
+        j, w, h = self.job, self.workload, self.hardware
+        lines = [t("job").format(framework=j.get("framework") or t("no framework"), source=j.get("source") or "-",
+                                 models=len(self.models), gpus=h.gpus, gpu_memory=human_bytes(h.gpu_memory),
+                                 host=human_bytes(h.host_memory))]
+        for m in self.models:
+            lines.append("  " + t("model line").format(
+                role=pick(TEXT["role " + m["role"]], lang), params=human_count(m["params"]), source=m["source"],
+                how=t("how " + m["how"]), kind=t("trainable" if m["trainable"] else "frozen"),
+                hold=m["given"] or "-"))
+        lines.append(t("workload").format(batch=w["batch"], prompt=w["prompt_len"], new=w["new_tokens"],
+                                          dtype=w["dtype"], train=w["train_batch"]))
+        return lines
+
+    def _table_rows(self, ok: str, no: str, lang: str):
+        rows = []
+        for r in self.rows:
+            mark = ("*" if r.arrangement == self.recommended.arrangement else "") + ("=" if r.given else "")
+            rows.append((mark + r.arrangement, ok if r.fits else f"{no} " + ",".join(r.limits),
+                         human_bytes(r.gpu_need_bytes), pick(TEXT["phase " + r.peak_at], lang),
+                         human_bytes(r.host_peak_bytes), f"{r.iteration_s:.1f}", f"{r.samples_per_s:.2f}",
+                         f"{r.rollout_tokens_per_s:.0f}"))
+        return rows
+
+    def _parts(self, r: JobRow, lang: str) -> str:
+        parts = sorted(r.breakdown.items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{part_label(k, lang)} {human_bytes(v)}" for k, v in parts)
+
+    def _detail_lines(self, lang: str) -> list[str]:
+        t = lambda k: pick(TEXT[k], lang)  # noqa: E731
+        out = []
+        shown = [r for r in (self.given, self._recommended_row()) if r is not None]
+        for r in dict.fromkeys(id(x) for x in shown):
+            row = next(x for x in shown if id(x) == r)
+            head = t("given") if row.given else t("recommended")
+            out.append(t("parts head").format(which=head, phase=t("phase " + row.peak_at),
+                                              peak=human_bytes(row.gpu_peak_bytes)))
+            out.append("  " + self._parts(row, lang))
+            out.append("  " + t("phases").format(**{k: human_bytes(row.phases.get(k)) for k in
+                                                   ("rollout", "experience", "train")}))
+        return out
+
+    def _recommended_row(self) -> JobRow | None:
+        return next((r for r in self.rows if r.arrangement == self.recommended.arrangement), None)
+
+    def to_text(self, lang: str = "en", style: Style | None = None) -> str:
+        style = style or Style()
+        out = ["\n".join(self._header(lang)) + "\n",
+               text_table(pick(TEXT["head"], lang), self._table_rows(style.ok, style.error, lang)),
+               pick(TEXT["legend"], lang) + "\n", "\n".join(self._detail_lines(lang)) + "\n"]
+        rec = self.recommended
+        if rec.arrangement:
+            out.append(f"{pick(TEXT['recommended'], lang)}: {rec.arrangement}: {pick(rec.why, lang)}\n")
+            if rec.changes:
+                out.append(pick(TEXT["changes"], lang) + ": " + change_text(rec.changes) + "\n")
+            if rec.code:
+                out.append(rec.code.rstrip() + "\n")
+        if self.assumptions:
+            out.append(pick(TEXT["assumed"], lang) + ": " + "; ".join(self.assumptions) + "\n")
+        out.append(findings_text(self.findings, lang, style))
+        return "\n".join(x for x in out if x)
+
+    def to_markdown(self, lang: str = "en") -> str:
+        out = [pick(TEXT["title"], lang), "  \n".join(self._header(lang)), "\n\n",
+               markdown_table(pick(TEXT["head"], lang), self._table_rows(pick(TEXT["yes"], lang),
+                                                                          pick(TEXT["no"], lang), lang)), "\n"]
+        out += [line + "  \n" for line in self._detail_lines(lang)]
+        rec = self.recommended
+        if rec.arrangement:
+            out.append(f"\n**{pick(TEXT['recommended'], lang)}**: `{rec.arrangement}`: {pick(rec.why, lang)}\n\n")
+            if rec.code:
+                out.append(f"```\n{rec.code}```\n\n")
+        out.append(findings_markdown(self.findings, lang))
+        return "".join(out)
+
+
+def change_text(changes: list) -> str:
+    """"--actor_zero_stage 2 -> 3; ...", or "actor stage 3" where there is nothing to compare with."""
+    return "; ".join(f"{s} {_show(b)}" if a is None and b is not None else f"{s} {_show(a)} -> {_show(b)}"
+                     for s, a, b in changes)
+
+
+def _show(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return "-" if v is None else str(v)
+
+
+# ------------------------------------------------------------------ building it
+
+def _shown(rows: list, chosen, base) -> list:
+    """The given, the recommended, and per rollout engine the fastest that fits (else the smallest)."""
+    picked = []
+    if base is not None:
+        picked.append(base)
+    if chosen is not None:
+        picked.append(chosen)
+    by_engine: dict = {}
+    for r in rows:
+        by_engine.setdefault(r["candidate"].engine.label.split(" (")[0] + ("" if r["candidate"].engine.colocate
+                                                                           else " apart"), []).append(r)
+    for group in by_engine.values():
+        fit = [r for r in group if r["fits"]]
+        picked.append(max(fit, key=lambda r: r["samples_per_s"]) if fit else min(group, key=lambda r: r["need"]))
+    seen, out = set(), []
+    for r in picked:  # one row per arrangement as DeepSpeed runs it (settings without effect fold together)
+        key = label(r["candidate"])[0]
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return sorted(out[:SHOWN], key=lambda r: (not r["fits"], -r["samples_per_s"]))
+
+
+def build_result(job, resolved, hw, wl, train_batch, rows, base, chosen, figures, profile) -> JobPlanResult:
+    """The result of a job's plan: ``rows`` every arrangement evaluated, ``base`` the job as given (or None),
+    ``chosen`` the recommended one (or None)."""
+    base_cand = base["candidate"] if base else None
+    shown = _shown(rows, chosen, base)
+    table = [row_of(r, base_cand, is_given=(r is base)) for r in shown]
+    given_row = next((t for t, r in zip(table, shown) if r is base), None) if base else None
+    found = plan_findings.config_findings([], None, None, None, hw, figures, profile)
+    rec_row = next((t for t in table if chosen is not None and t.arrangement == label(chosen["candidate"])[0]), None)
+    if chosen is None:
+        smallest = min(rows, key=lambda r: r["need"])
+        s = row_of(smallest, base_cand)
+        found.append(Finding("DSD233", {"need": human_bytes(s.gpu_need_bytes), "capacity": human_bytes(hw.gpu_memory),
+                                        "arrangement": s.arrangement, "phase": s.peak_at,
+                                        "parts": _top_parts(s), "gpus": hw.gpus}))
+        rec = JobRecommendation(None, {}, [], None, {})
+    else:
+        ch = changes(chosen["candidate"], base_cand)
+        same = base is not None and label(chosen["candidate"])[0] == label(base_cand)[0]
+        speedup = chosen["samples_per_s"] / base["samples_per_s"] if base and base["fits"] and \
+            base["samples_per_s"] and not same else None
+        why = {lang: pick(TEXT["why"], lang).format(need=human_bytes(chosen["need"]),
+                                                    capacity=human_bytes(hw.gpu_memory),
+                                                    samples=f"{chosen['samples_per_s']:.2f}",
+                                                    rollout=f"{chosen['rollout_tokens_per_s']:.0f}")
+               + (pick(TEXT["why faster"], lang).format(x=f"{speedup:.2f}") if speedup else "")
+               for lang in ("en", "zh")}
+        code = None if same and base_cand is not None and not ch else \
+            job_code(job, resolved, chosen["candidate"], ch, wl.dtype, train_batch)
+        rec = JobRecommendation(rec_row.arrangement, why, ch, code,
+                                job_ds_configs(job, chosen["candidate"], wl.dtype, train_batch))
+        if base is not None and ch:
+            found.append(Finding("DSD232", {
+                "arrangement": rec_row.arrangement, "need": human_bytes(chosen["need"]),
+                "capacity": human_bytes(hw.gpu_memory), "samples": f"{chosen['samples_per_s']:.2f}",
+                "than_given": Phrase("faster", {"x": f"{speedup:.2f}"}) if speedup else Phrase("given-unfit"),
+                "changes": change_text(ch)}))
+    if base is not None and not base["fits"]:
+        g = given_row
+        fix = Phrase("fix-change", {"arrangement": rec.arrangement, "changes": change_text(rec.changes)}) \
+            if rec.arrangement else Phrase("fix-none")
+        found.append(Finding("DSD230", {"arrangement": g.arrangement, "need": human_bytes(g.gpu_need_bytes),
+                                        "capacity": human_bytes(hw.gpu_memory), "limits": ", ".join(g.limits),
+                                        "phase": g.peak_at, "parts": _top_parts(g), "fix": fix}))
+    models = [{"role": m.role, "source": resolved[m.role].source, "params": resolved[m.role].params,
+               "how": resolved[m.role].how, "trainable": m.trainable,
+               "given": effective_given(m).label if effective_given(m) else None} for m in job.models]
+    assumptions = [f"CPU Adam {CPU_ADAM_ELEMENTS_PER_S:.0e} elements/s per rank",
+                   "gather-once and the hybrid engine at plain generate speed (an upper bound: DeepSpeed's "
+                   "unwrap_model_for_generation measured 0.34x plain on one H200, 1.5B; ab measures yours)",
+                   "the caching allocator's reserve beyond the training step's allocated peak is not modelled "
+                   "(one H200 reserved 1.26-1.35x it, BENCHMARKS.md): keep headroom or set "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] + list(job.notes)
+    workload = {"batch": wl.batch, "prompt_len": wl.prompt_len, "new_tokens": wl.new_tokens, "dtype": wl.dtype,
+                "train_batch": train_batch}
+    jd = {"framework": job.framework, "source": job.source, "engine": job.engine.to_dict() if job.engine else None,
+          "gpus": hw.gpus}
+    return JobPlanResult(jd, models, workload, hw, table, given_row, rec, found, assumptions)
+
+
+def effective_given(m):
+    if m.stage is None:
+        return None
+    return effective(Hold(m.stage, m.offload_param, m.offload_optimizer), m.trainable)
+
+
+def _top_parts(row: JobRow, n: int = 3) -> str:
+    parts = sorted(row.breakdown.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {human_bytes(v)}" for k, v in parts)
