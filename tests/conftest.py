@@ -18,7 +18,7 @@ import pytest
 
 from dsdoctor import proctree
 from dsdoctor.proctree import deepspeed_shm_files, unlink_leaked_deepspeed_shm
-from tests import helpers
+from tests import helpers, jit_ops
 
 PROCESS_MARKERS = ("process", "deepspeed")
 
@@ -113,6 +113,10 @@ def pytest_configure(config):
     os.environ["DSDOCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-cache-")
     if not _xdist_worker(config):  # the session's shared folder; xdist workers inherit it
         os.environ["DSDOCTOR_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="dsdoctor-test-session-")
+        # DeepSpeed's CPU op, built once before any rank starts (tests/jit_ops.py says why); not for the fast tier
+        jit_ops.prepare(build="not process" not in (config.getoption("markexpr", "") or ""))
+    else:
+        jit_ops.use_own_folder()
     # platform.processor() runs `uname -p` once per interpreter and caches it; dsdoctor's machine fingerprint
     # (calibrate/profile.py, read by every plan) asks for it. Asked here, before any test, it is not a
     # process the first in-process plan test starts.
@@ -217,6 +221,8 @@ def _deepspeed_workspaces(request, tmp_path_factory):
         redirect.setenv("DSDOCTOR_SHM_DIR", private)
         redirect.setattr(proctree, "SHM_DIR", private)
     ports_before = set(helpers.PORTS_HANDED_OUT)
+    if request.node.get_closest_marker("process") or request.node.get_closest_marker("deepspeed"):
+        jit_ops.clear_stale_lock()  # a rank killed by an earlier test must not hang this one's ranks
     try:
         yield
     finally:
