@@ -14,7 +14,8 @@ from dsdoctor.plan.speed import Figures, hooked_modules
 # ZeRO-3 gathers on its own stream (overlap_comm defaults to true at stage 3): the caching allocator keys
 # free blocks by stream, so gathered parameters and the main stream's tensors never share a block
 GATHER_STREAM = 1
-_MATMULS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "<lm_head>")
+_MATMULS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+            "<lm_head>")
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,12 @@ def _step_key(step) -> object:
         if step.module in ("<root>", "<model>", "<rotary_emb>"):
             return step.module
         return None  # embedding / lm_head / final norm: named by their parameters (``_step_keys``)
-    kind = step_kind(step.module)
+    kind = "gate_up_proj" if step.module.endswith("gate_up_proj") else step_kind(step.module)
     return (step.layer, kind if kind in _LAYER_KINDS else step.module)
 
 
 _LAYER_KINDS = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
-                "gate_proj", "up_proj", "down_proj")
+                "gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
 def _step_keys(steps, inv) -> list:
