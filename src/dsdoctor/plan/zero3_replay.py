@@ -105,7 +105,12 @@ class Zero3Fetcher:
         self.prefill = True
         self.clock = {"host": 0.0, "gather": 0.0, "compute": 0.0, "gathered": 0.0}
         self.waits: collections.deque = collections.deque()
-        self.pending: list = []  # (compute time after which the block is free, tensor id)
+        self.pending: list = []  # (compute time after which the block is free, tensor id, layer)
+        # what the held releases come to at the reserved peak: bytes, and the layers they belong to (how far the
+        # host has run ahead of the GPU); read by ``reserved.reserved_detail``
+        self.held_at_peak = (0, 0)
+        self._held = (0, 0)
+        self._layer_of = {k: p.layer for k, p in enumerate(shape.inventory.params)}
         if timing is not None and self.active:
             r.before = self._process_events
 
@@ -113,12 +118,18 @@ class Zero3Fetcher:
         if self.pending:
             now = self.clock["host"]
             keep = []
-            for t, tid in self.pending:
+            for t, tid, layer in self.pending:
                 if t <= now:
                     self.r.free(tid)
                 else:
-                    keep.append((t, tid))
+                    keep.append((t, tid, layer))
             self.pending[:] = keep
+        held = sum(self.r.a.deferred.get(tid, 0) for _t, tid, _layer in self.pending)
+        self._held = (held, len({layer for _t, _tid, layer in self.pending if layer is not None}))
+
+    def note_peak(self) -> None:
+        """The allocator has just reached a new reserved peak: remember what was held then."""
+        self.held_at_peak = self._held
 
     def _transfer_s(self, key, nbytes, kind) -> float:
         g, timing = self.g, self.timing
@@ -152,7 +163,7 @@ class Zero3Fetcher:
         else:
             tid = self.tensors.pop(key, None)
             if self.timing is not None and key[0] == "param" and tid is not None:
-                self.pending.append((clock["compute"], tid))
+                self.pending.append((clock["compute"], tid, self._layer_of.get(key[1])))
                 r.a.defer(tid)
             else:
                 r.free(tid)
