@@ -11,7 +11,8 @@ outside the allocator (``fits`` is decided on it). The case then runs twice, eac
 Plan predicts "fits" above and "out of memory" below; each run says what happened: load and two
 ``generate`` calls (the warm-up and the timed one, as plan models) finished, or ``torch.OutOfMemoryError``
 (where: load, warm-up or timed), with its peaks, the allocator's retries (``num_alloc_retries``: times it
-freed its cache and tried again at the cap) and the memory used outside the allocator. Cases marked
+freed its cache and tried again at the cap) and the memory used outside the allocator (``mem_get_info`` is the
+whole GPU's: meaningful only for the uncapped runs, which run alone). Cases marked
 ``measure`` also run uncapped once, alone on the GPU, with the allocator's history recorded: their real
 reserved peak (the zero3-offload reserved cases re-measured) and the events to replay offline.
 
@@ -351,7 +352,7 @@ def results(rows: list, device: str, command: str) -> tuple[str, dict]:
         by.setdefault(r["case"]["id"], {})[r["cap"]] = r
     lines = [f"Device: {device}. Command: `{command}`.\n",
              "| case | path | batch x prompt + new | plan allocated / reserved / line GiB | GPU just above (cap) | "
-             "observed | GPU just below (cap) | observed | uncapped: allocated / reserved GiB, outside |",
+             "observed | GPU just below (cap) | observed | uncapped, alone: allocated / reserved GiB, outside |",
              "|---|---|---|---|---|---|---|---|---|"]
 
     def cell(r):

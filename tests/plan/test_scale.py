@@ -119,3 +119,20 @@ def test_the_recommendation_never_says_about_0_tokens_per_second():
     slow = _row("zero3-offload-nvme", 0.15)
     text = why(slow, [slow], "en")
     assert "about 0.3 tokens/s" in text and "about 0 tokens" not in text
+
+
+def test_a_loop_s_training_step_keeps_the_assumption_to_what_it_adds(llama8b):
+    """With --loop the reserved figure carries the training state and step beside the generate's replay: the
+    figure without the host-ahead assumption is that whole figure less what the assumption adds, so a training
+    step past the GPU is out of memory, never unverified on the generate's figure alone."""
+    gen = _plan(llama8b, 141 * 10**9).path("zero3").reserved_assumption
+    added = gen["reserved_with_bytes"] - gen["reserved_without_bytes"]
+    roomy = _plan(llama8b, 2**40, loop=True).path("zero3")
+    a = roomy.reserved_assumption
+    assert roomy.peak_at == "train-step" and a["reserved_with_bytes"] == roomy.gpu_reserved_bytes
+    assert a["reserved_with_bytes"] - a["reserved_without_bytes"] == added
+    outside = roomy.gpu_outside_allocator_bytes
+    between = _plan(llama8b, a["reserved_without_bytes"] + outside + added // 2, loop=True).path("zero3")
+    assert between.verdict == "unverified" and between.fits
+    short = _plan(llama8b, gen["reserved_with_bytes"] + outside + GiB, loop=True).path("zero3")
+    assert short.verdict == "does not fit" and "gpu" in short.limits

@@ -155,9 +155,9 @@ def scale_findings(plans: list, hw) -> list[Finding]:
         "capacity": human_bytes(hw.gpu_memory), "measured": first["measured_up_to_world"]})]
 
 
-def serving_findings(plans: list, chosen, serving: set) -> list[Finding]:
+def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Finding]:
     """DSD223 when a serving engine (an estimate) fits and would generate faster than the recommended path, which it
-    does not displace: the user decides, knowing what it gives up."""
+    does not displace: the user decides, knowing what it gives up. ``launch(name)``: the engine's command."""
     if chosen is None or chosen.name in serving:
         return []
     faster = [p for p in plans if p.name in serving and p.fits
@@ -167,7 +167,8 @@ def serving_findings(plans: list, chosen, serving: set) -> list[Finding]:
     best = max(faster, key=lambda p: p.tokens_per_s * p.replicas)
     return [Finding("DSD223", {"engine": best.name, "split": f"{best.replicas} x TP {best.ranks}",
                                "tps": human_rate(best.tokens_per_s * best.replicas), "chosen": chosen.name,
-                               "chosen_tps": human_rate(chosen.tokens_per_s * chosen.replicas)})]
+                               "chosen_tps": human_rate(chosen.tokens_per_s * chosen.replicas),
+                               "command": launch(best.name) if launch else best.name})]
 
 
 def freshness_findings(profile, freshness: dict | None) -> list[Finding]:

@@ -48,17 +48,13 @@ class _Run:
         self.a = alloc
         self.n = 0
         self.before = None  # called before each allocation (the allocator processes its events first)
-        self.on_peak = None  # called when an allocation raises the reserved peak
 
     def new(self, nbytes, stream: int = 0) -> int:
         self.n += 1
         if nbytes > 0:
             if self.before is not None:
                 self.before()
-            peak = self.a.peak_reserved
             self.a.malloc(self.n, int(nbytes), stream)
-            if self.a.peak_reserved > peak and self.on_peak is not None:
-                self.on_peak()
         return self.n
 
     def free(self, *tids) -> None:
@@ -241,7 +237,6 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
         r.new(training_bytes)
     r.new(32 * MiB)  # cuBLAS workspace, at the first matmul
     z3 = Zero3Fetcher(r, shape, g, b, numel_of, tp, timing)
-    r.on_peak = z3.note_peak
     a.fetcher = z3
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
     for _generate in range(2):  # the warm-up generate and the timed one
@@ -278,14 +273,14 @@ def _shape_key(shape, numel_of) -> tuple:
 
 def reserved_detail(name, shape, wl, g, peak, numel_of, expandable=False, training_bytes=0, tp=1,
                     timing: Timing | None = None) -> tuple[int, int, int]:
-    """(peak reserved bytes, bytes of released gathers still held at that peak, the layers they belong to) for a
+    """(peak reserved bytes, the most bytes of released gathers held at once, the layers they belonged to) for a
     run whose allocated peak plan puts at ``peak``: the simulated allocator's reserved peak, shifted by how far
     its own allocated peak (deferred releases not counted, as ``max_memory_allocated`` does not count them) is
     from plan's exact one. Held bytes are only simulated with ``timing`` (the host ahead of the GPU)."""
     key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing)
     if key not in _CACHE:
         a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing)
-        _CACHE[key] = (a.peak_reserved, a.peak_live, *a.fetcher.held_at_peak)
+        _CACHE[key] = (a.peak_reserved, a.peak_live, *a.fetcher.held_max)
         if len(_CACHE) > 256:
             _CACHE.pop(next(iter(_CACHE)))
     res, alloc, held, layers = _CACHE[key]

@@ -106,10 +106,9 @@ class Zero3Fetcher:
         self.clock = {"host": 0.0, "gather": 0.0, "compute": 0.0, "gathered": 0.0}
         self.waits: collections.deque = collections.deque()
         self.pending: list = []  # (compute time after which the block is free, tensor id, layer)
-        # what the held releases come to at the reserved peak: bytes, and the layers they belong to (how far the
-        # host has run ahead of the GPU); read by ``reserved.reserved_detail``
-        self.held_at_peak = (0, 0)
-        self._held = (0, 0)
+        # the most the held releases came to over the run: bytes, and the layers they belong to (how far the host
+        # ran ahead of the GPU); read by ``reserved.reserved_detail``
+        self.held_max = (0, 0)
         self._layer_of = {k: p.layer for k, p in enumerate(shape.inventory.params)}
         if timing is not None and self.active:
             r.before = self._process_events
@@ -125,11 +124,8 @@ class Zero3Fetcher:
                     keep.append((t, tid, layer))
             self.pending[:] = keep
         held = sum(self.r.a.deferred.get(tid, 0) for _t, tid, _layer in self.pending)
-        self._held = (held, len({layer for _t, _tid, layer in self.pending if layer is not None}))
-
-    def note_peak(self) -> None:
-        """The allocator has just reached a new reserved peak: remember what was held then."""
-        self.held_at_peak = self._held
+        if held > self.held_max[0]:
+            self.held_max = (held, len({layer for _t, _tid, layer in self.pending if layer is not None}))
 
     def _transfer_s(self, key, nbytes, kind) -> float:
         g, timing = self.g, self.timing

@@ -125,9 +125,21 @@ def host_ahead(ctx: PlanContext, layout: Layout, reserved: int, without: int, he
         if prm.layer is not None and numel[k] > persistent:
             per_layer[prm.layer] = per_layer.get(prm.layer, 0) + numel[k] * ctx.wl.dtype_bytes
     return {"assumption": "host-ahead", "reserved_with_bytes": int(reserved), "reserved_without_bytes": int(without),
-            "held_bytes": int(held), "layers_ahead": int(layers),
+            "held_bytes": int(held), "layers_ahead": int(layers),  # the most held at once, and its layers
             "layer_bytes": int(max(per_layer.values(), default=0)), "world": layout.world,
             "measured_up_to_world": HOST_AHEAD_MEASURED_WORLD}
+
+
+def assumption_moved(mem: PathMemory | None) -> PathMemory | None:
+    """``mem`` with its host-ahead figures (``host_ahead``) moved with its reserved bytes, after these changed
+    past the replay (the loop's training state and step, ``loop.in_loop``; int4 shards): the assumption still
+    adds what it added to the generate's replay, so the figure without it is the path's reserved less that."""
+    alt = mem.reserved_assumption if mem is not None else None
+    if alt and alt["reserved_with_bytes"] != mem.gpu_reserved_bytes:
+        added = alt["reserved_with_bytes"] - alt["reserved_without_bytes"]
+        mem.reserved_assumption = {**alt, "reserved_with_bytes": int(mem.gpu_reserved_bytes),
+                                   "reserved_without_bytes": int(mem.gpu_reserved_bytes - added)}
+    return mem
 
 
 def replayed(layout: Layout, ctx: PlanContext, wl: Workload, knobs: DsKnobs | None = None,

@@ -118,11 +118,21 @@ def engine_step_s(figures, batch: int) -> float:
     return _by_batch(figures.values, "token", batch)
 
 
+def vllm_launch(model: str, k: int, replicas: int, dtype: str, max_len: int, seqs: int) -> str:
+    return (f"vllm serve {model} --tensor-parallel-size {k}"
+            + (f" --data-parallel-size {replicas}" if replicas > 1 else "")
+            + f" --gpu-memory-utilization {VLLM_UTILIZATION} --max-model-len {max_len} --max-num-seqs {seqs} "
+            f"--dtype {_engine_dtype(dtype)}")
+
+
+def sglang_launch(model: str, k: int, replicas: int, dtype: str, max_len: int, seqs: int) -> str:
+    return (f"python -m sglang.launch_server --model-path {model} --tp {k}" + (f" --dp {replicas}" if replicas > 1 else "")
+            + f" --mem-fraction-static {SGLANG_STATIC} --context-length {max_len} --max-running-requests {seqs} "
+            f"--dtype {_engine_dtype(dtype)}")
+
+
 def vllm_code(model: str, k: int, replicas: int, dtype: str, max_len: int, seqs: int) -> str:
-    launch = (f"vllm serve {model} --tensor-parallel-size {k}"
-              + (f" --data-parallel-size {replicas}" if replicas > 1 else "")
-              + f" --gpu-memory-utilization {VLLM_UTILIZATION} --max-model-len {max_len} --max-num-seqs {seqs} "
-              f"--dtype {_engine_dtype(dtype)}")
+    launch = vllm_launch(model, k, replicas, dtype, max_len, seqs)
     groups = "one such process per group of GPUs, CUDA_VISIBLE_DEVICES=0,1,...\n" if replicas > 1 else "\n"
     return (f"# vLLM, {_split(k, replicas)} (an estimate, not measured by dsdoctor); as a server:\n#   {launch}\n"
             f"# or offline batch generation on one replica ({groups.rstrip() or 'all GPUs'}):\n"
@@ -133,9 +143,7 @@ def vllm_code(model: str, k: int, replicas: int, dtype: str, max_len: int, seqs:
 
 
 def sglang_code(model: str, k: int, replicas: int, dtype: str, max_len: int, seqs: int) -> str:
-    launch = (f"python -m sglang.launch_server --model-path {model} --tp {k}" + (f" --dp {replicas}" if replicas > 1 else "")
-              + f" --mem-fraction-static {SGLANG_STATIC} --context-length {max_len} --max-running-requests {seqs} "
-              f"--dtype {_engine_dtype(dtype)}")
+    launch = sglang_launch(model, k, replicas, dtype, max_len, seqs)
     return (f"# SGLang, {_split(k, replicas)} (an estimate, not measured by dsdoctor); as a server:\n#   {launch}\n"
             "# or offline batch generation:\nimport sglang as sgl\n"
             f"llm = sgl.Engine(model_path={model!r}, tp_size={k}, dp_size={replicas}, "
@@ -221,10 +229,16 @@ class Vllm(LoadPath):
     def speed(self, ctx, mem):
         return engine_speed(ctx.shape, ctx.wl, ctx.figures, mem.ranks, self._batch)
 
+    def _args(self, ctx) -> tuple:
+        return (ctx.model, self.k, ctx.hw.gpus // self.k, ctx.run_dtype, ctx.wl.prompt_len + ctx.wl.new_tokens,
+                max(self._batch, 1))
+
     def code(self, ctx, row):
-        emit = vllm_code if self.engine == "vllm" else sglang_code
-        return emit(ctx.model, self.k, ctx.hw.gpus // self.k, ctx.run_dtype, ctx.wl.prompt_len + ctx.wl.new_tokens,
-                    max(self._batch, 1))
+        return (vllm_code if self.engine == "vllm" else sglang_code)(*self._args(ctx))
+
+    def launch(self, ctx) -> str:
+        """The one-line server command (DSD223 quotes it)."""
+        return (vllm_launch if self.engine == "vllm" else sglang_launch)(*self._args(ctx))
 
     def row(self, ctx, mem, speed, fit, method, methods, searched):
         info = self._info
