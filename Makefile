@@ -44,8 +44,8 @@ clean:
 # ---- GPU benchmarks (numbers in BENCHMARKS.md; each bench/<name>/README.md says what it measures) ----------
 # Here (a machine with pip access):   make gpu-wheels       DeepSpeed 0.19.8 + its pure-Python needs as wheels in .whl/
 # On the GPU machine, .whl/ carried over, one line per bench (OUT: where the raw outputs go):
-#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-loading, gpu-bench-trace, gpu-bench-trace-ab, gpu-bench-compare,
-#                                      gpu-bench-config, gpu-bench-rlloop [GPUS=1|2], gpu-bench-rljob)
+#   make gpu-bench-plan OUT=$OUT      (likewise gpu-bench-edge, gpu-bench-loading, gpu-bench-trace, gpu-bench-trace-ab,
+#                                      gpu-bench-compare, gpu-bench-config, gpu-bench-rlloop [GPUS=1|2], gpu-bench-rljob)
 # The GPU machine's image has torch, transformers, accelerate and safetensors; the wheels go to $(GPU_SITE).
 WHL ?= .whl
 GPU_SITE ?= /tmp/site
@@ -55,8 +55,8 @@ WHEEL_PY ?= 3.12
 
 GPUS ?= 1
 
-.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-loading gpu-bench-trace gpu-bench-trace-ab gpu-bench-compare \
-	gpu-bench-config gpu-bench-rlloop gpu-bench-rljob gpu-bench-counters
+.PHONY: gpu-wheels gpu-site gpu-bench-plan gpu-bench-edge bench-edge-tiny gpu-bench-loading gpu-bench-trace \
+	gpu-bench-trace-ab gpu-bench-compare gpu-bench-config gpu-bench-rlloop gpu-bench-rljob gpu-bench-counters
 
 gpu-wheels:
 	mkdir -p $(WHL) $(WHL)/.src
@@ -73,6 +73,12 @@ gpu-site:
 
 gpu-bench-plan: gpu-site
 	$(GPU_ENV) python3 bench/plan/run.py $(OUT)/plan --budget-s 330
+
+gpu-bench-edge: gpu-site  # one GPU: runs capped just above and just below plan's line (bench/plan/edge_gpu.py)
+	$(GPU_ENV) python3 bench/plan/edge_gpu.py $(OUT)/edge --budget-s 330 --lanes 3
+
+bench-edge-tiny: $(STAMP)  # the same script on tiny models, on the CPU here (no caps): does it run?
+	$(BIN)/python bench/plan/edge_gpu.py /tmp/dsdoctor-edge-tiny --tiny --budget-s 200 --lanes 2
 
 gpu-bench-loading: gpu-site
 	mkdir -p $(OUT)

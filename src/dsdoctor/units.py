@@ -1,4 +1,4 @@
-"""Byte sizes: parse '80GiB', '5GB', '1.5e9'; print 12.3 GiB, 7.07B (a count), 1.25s."""
+"""Byte sizes: parse '80GiB', '5GB', '1.5e9'; print 12.3 GiB, 7.07B (a count), 1.25s, 0.31 (a rate)."""
 from __future__ import annotations
 
 import re
@@ -46,3 +46,20 @@ def human_count(n: float | int | None) -> str:
 
 def human_seconds(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}s"
+
+
+def human_rate(v: float, decimals: int = 0) -> str:
+    """A rate (tokens/s) with the digits it has: ``decimals`` places from 10^(1 - decimals) up (270, or 270.1
+    with one decimal), two significant digits below (0.31, never "0" for a third of a token a second)."""
+    return f"{v:.{decimals}f}" if abs(v) >= 10 ** (1 - decimals) else f"{v:.2g}"
+
+
+def human_age(seconds: float | None) -> str:
+    """How long ago, roughly: 40 min, 5 h, 3 days ("?" when unknown)."""
+    if seconds is None:
+        return "?"
+    if seconds < 3600:
+        return f"{max(seconds, 0) / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} days"

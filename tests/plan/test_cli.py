@@ -16,8 +16,8 @@ def test_json_output_has_paths_and_recommendation():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     names = [p["name"] for p in d["paths"]]
-    assert names == ["plain", "zero3", "zero3-offload", "zero3-offload-nvme", "device-map", "bnb-int8", "bnb-nf4",
-                     "zero3-int4", "zero3-offload-int4"]
+    assert names == ["plain", "zero3", "zero3-offload", "zero3-offload-nvme", "device-map", "vllm", "sglang",
+                     "bnb-int8", "bnb-nf4", "zero3-int4", "zero3-offload-int4"]
     for p in d["paths"]:
         assert {"gpu_peak_bytes", "gpu_reserved_bytes", "host_peak_bytes", "fits", "tokens_per_s", "breakdown"} <= set(p)
         assert p["gpu_peak_bytes"] == sum(p["breakdown"].values())

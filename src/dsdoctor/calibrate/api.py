@@ -24,6 +24,7 @@ from dsdoctor.calibrate.profile import (
     save_profile,
     write_profile,
 )
+from dsdoctor.calibrate.recheck import host_id
 from dsdoctor.config.versions import installed
 from dsdoctor.errors import InputError
 from dsdoctor.i18n import message_table, pick
@@ -233,6 +234,7 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
         if len(smi) == len(gpus):  # nvidia-smi's names, so that plan (no torch) computes the same fingerprint
             gpus = smi
     machine = machine_description(gpus)
+    machine["host"] = host_id()  # which host (hashed): the fingerprint says only what kind (calibrate/recheck.py)
     software = {"torch": installed("torch"), "transformers": installed("transformers"),
                 "deepspeed": installed("deepspeed"), "cuda": getattr(getattr(torch, "version", None), "cuda", None),
                 "details": json.loads(json.dumps(details, default=str))}

@@ -3,7 +3,8 @@ machine, keyed by a fingerprint of its hardware. Torch-free (``plan`` must not i
 
 Schema (``"schema": "dsdoctor-machine-profile/1"``):
   fingerprint   sha256 prefix of the hardware description below (what a cache file is named by)
-  machine       cpu_model, cpu_count, host_memory_gib, gpus: [{name, memory_mib}]
+  machine       cpu_model, cpu_count, host_memory_gib, gpus: [{name, memory_mib}]; host: a hash of the host name
+                (not in the fingerprint: two hosts of one kind share it, not their speed; calibrate/recheck.py)
   software      torch, transformers, deepspeed, cuda (information, not part of the fingerprint)
   calibrated_at ISO-8601 UTC; duration_s
   measured      figure name -> number (bytes/s, seconds, FLOP/s, bytes); see FIGURES

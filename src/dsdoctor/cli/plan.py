@@ -12,15 +12,17 @@ EXAMPLES = """\
   dsdoctor plan --model ./Llama-3.1-8B --machine h200.json   # speeds from a profile dsdoctor calibrate wrote
   dsdoctor plan --model ./Llama-2-7b --gpus 2 --batch 4 --new-tokens 32 --loop   # RLHF/GRPO rollouts
   dsdoctor plan --loop --model ./llama-7b --ref ./llama-7b:frozen --critic 7B --reward 7B:frozen --gpus 8
-  dsdoctor plan --loop --job run_step3.sh --gpu-memory 40GiB   # a DeepSpeed-Chat/OpenRLHF/verl/trl launch line"""
+  dsdoctor plan --loop --job run_step3.sh --gpu-memory 40GiB   # a DeepSpeed-Chat/OpenRLHF/verl/trl launch line
+  dsdoctor plan --model ./Qwen2-72B --gpus 8 --host-memory 1TiB --transformers-version 4.44.2"""
 
 
 def register(sub):
     p = add_command(
         sub, "plan", "predict per-GPU and host memory and speed of each load path; recommend one", EXAMPLES,
         description="Predict the peak GPU memory (torch.cuda.max_memory_allocated over load and generate), host "
-                    "memory and tokens/s of each load path (plain, tp, zero3, zero3-offload, zero3-offload-nvme) "
-                    "for a model, workload and machine, and recommend the fastest that fits.",
+                    "memory and tokens/s of each load path (plain, tp, zero3, zero3-offload, zero3-offload-nvme; "
+                    "estimates: device-map, vllm, sglang, quantized) for a model, workload and machine, and "
+                    "recommend the fastest that fits.",
     )
     p.add_argument("--model", default=None, help="local Hugging Face model directory or its config.json (with "
                                                  "--loop: the actor; a size such as 7B also works there)")
@@ -36,8 +38,17 @@ def register(sub):
     p.add_argument("--config", default=None, help="DeepSpeed config whose stage-3 knobs, offload and optimizer apply")
     p.add_argument("--machine", default=None, metavar="PROFILE",
                    help="machine profile from dsdoctor calibrate --out (default: this machine's cached one, if any)")
+    p.add_argument("--no-recheck", action="store_true",
+                   help="use the machine profile as it is: do not re-time an eager layer on this host first "
+                        "(default: re-timed in a few seconds when a GPU is visible, host-bound figures rescaled)")
+    p.add_argument("--hf-equality", action="store_true",
+                   help="the outputs must equal transformers' greedy generate token for token: never recommend a "
+                        "serving engine (vllm, sglang)")
     p.add_argument("--alloc-conf", default=None, metavar="CONF",
                    help="PYTORCH_CUDA_ALLOC_CONF the run will use (default: this shell's), e.g. expandable_segments:True")
+    p.add_argument("--transformers-version", metavar="X.Y.Z", default=None,
+                   help="transformers release that will load the model (default: the one installed here); "
+                        "host memory by loading method and the emitted code follow it")
     p.add_argument("--counts", choices=("auto", "meta", "formula"), default="auto",
                    help="parameter counts: exact from the meta-device model (needs transformers) or formula")
     p.add_argument("--loop", action="store_true",
@@ -78,7 +89,9 @@ def run(args) -> int:
                   new_tokens=args.new_tokens or 128,
                   dtype=args.dtype, gpus=args.gpus, gpu_memory=args.gpu_memory, host_memory=args.host_memory,
                   h2d_bandwidth=args.h2d_bandwidth, config=args.config, counts=args.counts, gpu_name=args.gpu_name,
-                  machine=args.machine, alloc_conf=args.alloc_conf, loop=args.loop)
+                  machine=args.machine, alloc_conf=args.alloc_conf, loop=args.loop,
+                  transformers_version=args.transformers_version, hf_equality=args.hf_equality,
+                  recheck=False if args.no_recheck else None)
     if args.plot:
         from dsdoctor.plan.plot import write_plots
 

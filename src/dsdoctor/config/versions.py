@@ -16,6 +16,12 @@ DEEPSPEED_PYDANTIC_V2 = (0, 15, 0)  # pydantic v2 config models: a fractional fl
 DEEPSPEED_AUTOTP_ZERO3 = (0, 19, 4)  # PR #8167: AutoTP with ZeRO-3 accepted
 DEEPSPEED_PIN_TRUE_KNOWN = (0, 19, 8)  # offload pin_memory defaults to true (PR #8207, August 2026) from here on
 DEEPSPEED_PIN_FALSE_BEFORE = (0, 19, 4)  # releases up to and including 0.19.3 still default to false
+# How from_pretrained loads a checkpoint (read in each release's modeling_utils.py; plan/loading.py uses them):
+TRANSFORMERS_META_LOAD = (4, 51, 0)  # 4.50.0 still defaults low_cpu_mem_usage to False without a device_map (a full
+# CPU copy of every weight per process); 4.51.0 pops the argument ("Not used anymore") and always builds on meta
+TRANSFORMERS_DTYPE_KWARG = (4, 56, 0)  # from_pretrained(dtype=...); before it the keyword is torch_dtype
+TRANSFORMERS_ZERO3_RANK0_READS = (5, 0, 0)  # under ZeRO-3 only rank 0 reads checkpoint tensors; 4.x: every rank
+# calls load_state_dict(shard, map_location="cpu") for safetensors shards, one shard at a time
 
 
 @dataclass

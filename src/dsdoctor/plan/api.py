@@ -8,6 +8,7 @@ replay, ``reserved.py``), loading (``loading.py``) and speed (``speed.py``) -> a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 
@@ -22,10 +23,18 @@ from dsdoctor.plan import recommend as rec
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
 from dsdoctor.plan.hardware import make_hardware
-from dsdoctor.plan.loading import find_checkpoint
+from dsdoctor.plan.loading import find_checkpoint, transformers_loading
 from dsdoctor.plan.memory import PathMemory, allocated
-from dsdoctor.plan.paths import PlanContext, by_name, config_path, paths_for, quantized_names, training_names
-from dsdoctor.plan.paths.base import LayoutPath
+from dsdoctor.plan.paths import (
+    PlanContext,
+    by_name,
+    config_path,
+    paths_for,
+    quantized_names,
+    serving_names,
+    training_names,
+)
+from dsdoctor.plan.paths.base import LayoutPath, for_transformers
 from dsdoctor.plan.positions import hard_limit, position_limit
 from dsdoctor.plan.result import PlanResult, Recommendation
 from dsdoctor.plan.shape import model_shape
@@ -74,44 +83,57 @@ def _recommend(plans: list, rows: dict, ctx: PlanContext) -> tuple:
     """The chosen row (or None), the rows it was compared with, and the recommendation."""
     if ctx.loop:
         chosen, compared = rec.choose_training(plans, training_names())
-    else:
-        chosen, compared = rec.choose_tiered(plans, quantized_names())
+    else:  # a serving engine only for pure batch generation, and not when the outputs must equal HF generate's
+        candidates = [p for p in plans if not (ctx.hf_equality and p.name in serving_names())]
+        chosen, compared = rec.choose_tiered(candidates, quantized_names())
     if chosen is None:
         return None, compared, Recommendation(None, dict(rec.WHY["none fits"]), None, None)
     path = rows[chosen.name]
     why = {lang: rec.why(chosen, compared, lang) for lang in ("en", "zh")}
-    return chosen, compared, Recommendation(chosen.name, why, path.ds_config(ctx), path.code(ctx, chosen))
+    code = for_transformers(path.code(ctx, chosen), (ctx.transformers or {}).get("version"))
+    return chosen, compared, Recommendation(chosen.name, why, path.ds_config(ctx), code)
 
 
 def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
          dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
          h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None, loop: bool = False, machine=None, alloc_conf: str | None = None) -> PlanResult:
+         gpu_name: str | None = None, loop: bool = False, machine=None, alloc_conf: str | None = None,
+         transformers_version: str | None = None, hf_equality: bool = False, recheck=None) -> PlanResult:
     """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
     ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``loop``: the model trains
     and generates its own rollouts (RLHF/GRPO): training state and the training step counted on the ZeRO-3
     paths, the paths zero2 and zero3-gather-once added, the recommendation among training paths
     (``plan/loop.py``). ``machine``: a MachineProfile or a profile file (``dsdoctor calibrate --out``); by
     default the cached profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
-    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment)."""
+    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment). ``transformers_version``: the
+    transformers release that will load the model (default: the one installed here, read from its dist-info):
+    host memory by loading method and the emitted code follow it (``plan/loading.py``). ``hf_equality``: the
+    outputs must equal transformers' greedy ``generate`` token for token: a serving engine (vLLM, SGLang) is then
+    shown but never recommended. ``recheck``: re-time an eager decoder layer on this host before a profile of
+    this hardware kind is used, and scale its host-bound figures when the host has drifted
+    (``calibrate/recheck.py``); None: when a GPU is visible here, False: never, a callable: the measurement
+    (tests)."""
     spec = load_model_spec(model)
     # every input checked before the slow part (the meta-device build): bad input ends at once
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
     wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, hard)
     hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
     profile = resolve_profile(machine, detect)
+    profile, freshness = fresh_profile(profile, detect, hw, recheck)
     figures = figures_for(hw, profile)
     if alloc_conf is None:
         alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     knobs = load_knobs(config)
+    loading = transformers_loading(transformers_version)
     inv = load_inventory(spec, counts)
     run_dtype, capability = _run_dtype(wl.dtype, hw)
     ctx = PlanContext(
         shape=model_shape(spec, inv), wl=wl, hw=hw, figures=figures, knobs=knobs, config_path=config_path(knobs),
-        ckpt=find_checkpoint(spec.path, inv.num_params * wl.dtype_bytes, spec.dtype), model=str(model),
+        ckpt=dataclasses.replace(find_checkpoint(spec.path, inv.num_params * wl.dtype_bytes, spec.dtype),
+                                 loader=loading["loader"]), model=str(model),
         run_dtype=run_dtype, loop=loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),
         context_bytes=profile.get("context_bytes") if profile is not None else None, pos_limit=pos_limit,
-        hard_limit=hard)
+        hard_limit=hard, transformers=loading, hf_equality=hf_equality)
     rows, plans = {}, []
     for path in paths_for(ctx):
         row = evaluate(path, ctx)
@@ -120,10 +142,11 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             plans.append(row)
     chosen, compared, recommendation = _recommend(plans, rows, ctx)
     found = _findings(plans, rows, chosen, ctx, spec, capability, profile, machine)
-    hw.profile = profile_summary(profile, figures)
+    found += plan_findings.freshness_findings(profile, freshness)
+    hw.profile = profile_summary(profile, figures, freshness)
     hw.alloc_conf = alloc_conf or None
     return PlanResult(_model_info(spec, inv, ctx), wl, hw, knobs, plans, recommendation, found,
-                      inv.num_params * wl.dtype_bytes)
+                      inv.num_params * wl.dtype_bytes, loading=loading)
 
 
 def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capability, profile, machine) -> list:
@@ -132,6 +155,9 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
                                          ctx.run_dtype, capability)
     if ctx.loop:
         found += plan_findings.loop_findings(plans)
+    found += plan_findings.scale_findings(plans, ctx.hw)
+    if not ctx.loop and not ctx.hf_equality:
+        found += plan_findings.serving_findings(plans, chosen, serving_names(), lambda name: rows[name].launch(ctx))
     if not ctx.expandable:
         found += plan_findings.fragmentation_findings(plans, chosen, ctx.config_path,
                                                       lambda name: rows[name].expandable_reserved(ctx))
@@ -171,8 +197,28 @@ def resolve_profile(machine, detect: bool):
     return find_profile() if detect else None
 
 
-def profile_summary(profile, figures) -> dict:
+def fresh_profile(profile, detect: bool, hw, recheck=None) -> tuple:
+    """(the profile to plan with, what its re-check found, or None without a profile). The host-bound figures
+    are re-timed only on the hardware the profile describes, with a GPU visible here (or with ``recheck`` a
+    measurement function); otherwise the profile is only dated."""
+    if profile is None:
+        return None, None
+    from dsdoctor.calibrate.recheck import rechecked
+
+    measure = recheck if callable(recheck) else None
+    if recheck is None:
+        measure = False
+        if detect and "gpus" in hw.detected:
+            from dsdoctor.calibrate.profile import fingerprint, machine_description
+
+            measure = None if fingerprint(machine_description()) == profile.fingerprint else False
+    elif recheck is False:
+        measure = False
+    return rechecked(profile, measure)
+
+
+def profile_summary(profile, figures, freshness: dict | None = None) -> dict:
     if profile is None:
         return {"calibrated_at": None, "source": None, "assumed": figures.assumed}
     return {"calibrated_at": profile.calibrated_at, "fingerprint": profile.fingerprint, "source": profile.source,
-            "assumed": figures.assumed}
+            "assumed": figures.assumed, "freshness": freshness}

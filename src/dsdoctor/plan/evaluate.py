@@ -13,14 +13,21 @@ MAX_BATCH_SEARCH = 4096
 MAX_CONTEXT = 131072  # the longest prompt searched when the model states no limit
 
 
-def fits(mem: PathMemory, hw) -> tuple[bool, list]:
-    """Whether the path fits, and what it does not fit (gpu: reserved + outside the allocator; host)."""
+def fits(mem: PathMemory, hw) -> tuple[bool, list, str]:
+    """Whether the path fits, what it does not fit (gpu: reserved + outside the allocator; host), and the
+    verdict: "fits", "does not fit", or "unverified": it fits only without an assumption of the reserved figure
+    that no measurement covers at this scale (``mem.reserved_assumption``: the host ahead of the GPU on several
+    ranks, ``paths/base.host_ahead``), and is not marked as out of memory on that figure alone."""
     limits = []
-    if mem.gpu_reserved_bytes + mem.gpu_outside_allocator_bytes > hw.gpu_memory:
+    outside = mem.gpu_outside_allocator_bytes
+    over = mem.gpu_reserved_bytes + outside > hw.gpu_memory
+    alt = mem.reserved_assumption
+    if over and not (alt and alt["reserved_without_bytes"] + outside <= hw.gpu_memory):
         limits.append("gpu")
     if mem.host_peak_bytes > hw.host_memory:
         limits.append("host")
-    return not limits, limits
+    verdict = "does not fit" if limits else "unverified" if over else "fits"
+    return not limits, limits, verdict
 
 
 def largest(fits_at, low: int, high: int) -> int | None:
@@ -39,7 +46,9 @@ def what_fits(path: LoadPath, ctx: PlanContext, mem: PathMemory, method) -> tupl
     """The largest batch and the longest prompt that fit with the loading method chosen; the estimates reuse
     this workload's reserved/allocated ratio (where the path takes it) instead of replaying the allocator."""
     wl, hw = ctx.wl, ctx.hw
-    ratio = mem.gpu_reserved_bytes / max(mem.gpu_peak_bytes, 1)
+    verdict = fits(mem, hw)[2]
+    reserved = mem.reserved_assumption["reserved_without_bytes"] if verdict == "unverified" else mem.gpu_reserved_bytes
+    ratio = reserved / max(mem.gpu_peak_bytes, 1)  # an unverified fit is searched on the figure it fits by
 
     def fits_with(**change) -> bool:
         m = path.memory(ctx, dataclasses.replace(wl, **change), ratio=ratio)

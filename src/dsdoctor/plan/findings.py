@@ -1,10 +1,10 @@
-"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD221 (their texts: ``plan/rules.json``)."""
+"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD225 (their texts: ``plan/rules.json``)."""
 from __future__ import annotations
 
-from dsdoctor.findings import Finding
+from dsdoctor.findings import Finding, Phrase
 from dsdoctor.plan.memory import TRAINING_PARTS
 from dsdoctor.plan.positions import encoding
-from dsdoctor.units import human_bytes
+from dsdoctor.units import human_age, human_bytes, human_rate
 
 _ENCODING_ZH = {"rotary": "RoPE", "alibi": "ALiBi"}
 FRAGMENTATION_FINDING = 0.15
@@ -138,3 +138,54 @@ def machine_findings(profile, machine) -> list[Finding]:
 
     return [Finding("DSD221", {"source": profile.source or "given", "profile_machine": describe(profile.machine),
                                "date": profile.date, "this_machine": describe(here)})]
+
+
+def scale_findings(plans: list, hw) -> list[Finding]:
+    """DSD222 when a path fits only without the reserved figure's assumption that no measurement covers at this
+    scale (the host ahead of the GPU on several ranks): one finding, the figures of the first such path."""
+    unverified = [p for p in plans if p.verdict == "unverified" and p.reserved_assumption]
+    if not unverified:
+        return []
+    first = unverified[0].reserved_assumption
+    outside = unverified[0].gpu_outside_allocator_bytes
+    return [Finding("DSD222", {
+        "paths": ", ".join(p.name for p in unverified), "gpus": first["world"],
+        "with_figure": human_bytes(first["reserved_with_bytes"] + outside),
+        "without_figure": human_bytes(first["reserved_without_bytes"] + outside),
+        "layers": first["layers_ahead"], "layer": human_bytes(first["layer_bytes"]),
+        "capacity": human_bytes(hw.gpu_memory), "measured": first["measured_up_to_world"]})]
+
+
+def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Finding]:
+    """DSD223 when a serving engine (an estimate) fits and would generate faster than the recommended path, which it
+    does not displace: the user decides, knowing what it gives up. ``launch(name)``: the engine's command."""
+    if chosen is None or chosen.name in serving:
+        return []
+    faster = [p for p in plans if p.name in serving and p.fits
+              and p.tokens_per_s * p.replicas > 1.2 * chosen.tokens_per_s * chosen.replicas]
+    if not faster:
+        return []
+    best = max(faster, key=lambda p: p.tokens_per_s * p.replicas)
+    return [Finding("DSD223", {"engine": best.name, "split": f"{best.replicas} x TP {best.ranks}",
+                               "tps": human_rate(best.tokens_per_s * best.replicas), "chosen": chosen.name,
+                               "chosen_tps": human_rate(chosen.tokens_per_s * chosen.replicas),
+                               "command": launch(best.name) if launch else best.name})]
+
+
+def freshness_findings(profile, freshness: dict | None) -> list[Finding]:
+    """DSD224 when the profile's host-bound figures were scaled to what this host measures now; DSD225 when a
+    profile could not be re-timed here and is older than a day or from another host."""
+    if profile is None or not freshness:
+        return []
+    from dsdoctor.calibrate.recheck import STALE_AFTER_S
+
+    values = {"source": profile.source or "cached", "age": human_age(freshness.get("age_s")),
+              "host": Phrase(freshness.get("host") or "unknown host")}
+    if freshness.get("rescaled"):
+        return [Finding("DSD224", dict(values, then_us=f"{freshness['then_s'] * 1e6:.0f}",
+                                       now_us=f"{freshness['now_s'] * 1e6:.0f}", ratio=f"{freshness['ratio']:.2f}"))]
+    age = freshness.get("age_s")
+    if freshness.get("now_s") is None and (freshness.get("host") == "another host"
+                                           or (age is not None and age > STALE_AFTER_S)):
+        return [Finding("DSD225", values)]
+    return []

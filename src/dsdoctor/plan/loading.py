@@ -31,6 +31,22 @@ The rule behind every figure: a mapped page counts in RSS once it is *read*, and
   From a meta-device model with a checkpoint description each rank reads one checkpoint file at a time;
   from a pre-sharded checkpoint (``save_mp_checkpoint_path``) only its own slice files.
 
+What the user's transformers does decides these figures (``Checkpoint.loader``, from ``plan --transformers-version``
+or the installed release; each method's ``assumes`` says which it took). Read in each release's ``modeling_utils.py``
+(the thresholds: ``config/versions.py``):
+
+* ``tf5`` (5.0 and later): as above; measured on 5.17.
+* ``tf4-meta`` (4.51 to 4.57): the model is always built on the meta device (4.51 pops ``low_cpu_mem_usage``:
+  "Not used anymore"), and ``load_shard_file`` loads one shard at a time, so a file is mapped only while its
+  tensors are placed: ``to-gpu`` holds about one shard file-backed, not the whole checkpoint. On the CPU the
+  tensors stay views of the mapping, as in 5. Under ZeRO-3 every rank calls ``load_state_dict`` on every
+  safetensors shard (``map_location="cpu"``, one shard at a time); only rank 0 copies the values into the
+  partitions (``GatheredParameters(..., modifier_rank=0)``), so rank 0 reads about one shard at a time.
+* ``tf4-eager`` (before 4.51): ``low_cpu_mem_usage`` defaults to False unless a ``device_map`` is given, and then
+  ``from_pretrained`` allocates every parameter on the CPU before it copies each shard in: a full anonymous copy
+  of the weights per process (``cpu-then-to``; AutoTP's ``cpu-model``: one per rank, 8 x 135 GiB for a 72B on
+  8 GPUs). With a ``device_map`` (``to-gpu``) it loads on meta, one shard at a time, as ``tf4-meta``.
+
 The per-process floor (``PROCESS_BASE``, ``ZERO3_RUNTIME``, ``PROCESS_FILE``) is a measured machine figure,
 not derived from a model: the memory each process held at the END of its load on one H200 host (weights on
 the GPU, checkpoint unmapped), 1B and 7B alike, in ``bench/plan/runs/loading-gpu-run1.tar.gz``.
@@ -51,15 +67,40 @@ DEFAULT_SHARD = 5 * 10**9  # assumed when the directory has no weights: most pub
 # (transformers 4 save_pretrained; transformers 5 writes 50 GB shards)
 
 
+LOADERS = ("tf5", "tf4-meta", "tf4-eager")  # how from_pretrained loads, by transformers release (module docstring)
+
+
+def loader_for(version: tuple | None) -> str:
+    """The loading behaviour of a transformers release (None: not known, the newest is assumed)."""
+    from dsdoctor.config.versions import TRANSFORMERS_META_LOAD, TRANSFORMERS_ZERO3_RANK0_READS
+
+    if version is None or version >= TRANSFORMERS_ZERO3_RANK0_READS:
+        return "tf5"
+    return "tf4-meta" if version >= TRANSFORMERS_META_LOAD else "tf4-eager"
+
+
+def transformers_loading(given: str | None = None) -> dict:
+    """The transformers release the host figures assume: ``given`` (``--transformers-version``), else the one
+    installed here (its dist-info, no import), else the newest (assumed); and its loading behaviour."""
+    from dsdoctor.config.versions import resolve_versions, version_tuple
+
+    versions = resolve_versions({"transformers": given} if given else None)
+    version = versions.get("transformers")
+    source = versions.sources.get("transformers") if version else "assumed"
+    return {"version": version, "source": source, "loader": loader_for(version_tuple(version))}
+
+
 @dataclass
 class Checkpoint:
-    """What the model directory holds: format, dtype, total bytes and the largest file."""
+    """What the model directory holds (format, dtype, total bytes, the largest file) and how the user's
+    transformers will read it (``loader``: one of ``LOADERS``)."""
     format: str  # safetensors | bin | bin-legacy | unknown
     total_bytes: int
     largest_file_bytes: int
     files: int
     dtype: str | None
     seen: bool  # read from the directory (False: assumed)
+    loader: str = "tf5"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +144,7 @@ class HostLoad:
     code: str  # what to write
     notes: list = field(default_factory=list)
     base_bytes: int = 0  # the processes' anonymous floor (PROCESS_BASE, + ZERO3_RUNTIME under zero.Init)
+    assumes: str = "tf5"  # the loading behaviour these figures take: a transformers loader, or "deepspeed"
 
     @property
     def peak_bytes(self) -> int:
@@ -126,15 +168,24 @@ def _converts(ckpt: Checkpoint, load_dtype: str) -> bool:
 
 
 def _load(method: str, procs: int, base: int, extra_anon: int, mapped_per_proc: int, mapped_once: int,
-          code: str, notes: list | None = None) -> HostLoad:
+          code: str, notes: list | None = None, assumes: str = "tf5") -> HostLoad:
     """A method's figures from its mechanism: per process a floor, the anonymous copies it makes and the
     checkpoint pages it has read while still mapped; the page cache holds mapped pages once."""
     return HostLoad(method, base + extra_anon, mapped_once, (mapped_per_proc + PROCESS_FILE) * procs, procs, code,
-                    notes or [], base)
+                    notes or [], base, assumes)
+
+
+def _one_shard(ckpt: Checkpoint) -> int:
+    return min(ckpt.largest_file_bytes, ckpt.total_bytes)
 
 
 def _cpu_build(ckpt: Checkpoint, load_dtype: str, weights: int) -> tuple[int, int, list]:
     """One process builds the model on the CPU and moves it: (anonymous bytes, mapped pages read, notes)."""
+    if ckpt.loader == "tf4-eager":  # every parameter allocated on the CPU, then each shard copied in
+        legacy = ckpt.largest_file_bytes if ckpt.format == "bin-legacy" else 0
+        return weights + legacy, 0 if legacy else _one_shard(ckpt), [
+            "transformers < 4.51 without a device_map (low_cpu_mem_usage False) allocates every weight on the CPU "
+            "and copies each shard into it: a full anonymous copy per process"]
     if ckpt.format == "bin-legacy":  # read whole into anonymous memory, converted copies beside it
         extra = weights if _converts(ckpt, load_dtype) else 0
         return ckpt.total_bytes + extra, 0, ["a legacy (pre-zip) .bin is read whole into anonymous memory"]
@@ -142,35 +193,60 @@ def _cpu_build(ckpt: Checkpoint, load_dtype: str, weights: int) -> tuple[int, in
         return weights, ckpt.total_bytes, ["a dtype conversion on the CPU makes an anonymous copy of every weight "
                                            "and reads the whole checkpoint while it is mapped"]
     # views of the mapping; .to() reads one tensor at a time and a file is unmapped after its last tensor
-    return 0, min(ckpt.largest_file_bytes, ckpt.total_bytes), []
+    return 0, _one_shard(ckpt), []
 
 
 def plain_methods(ckpt: Checkpoint, load_dtype: str, procs: int, weights: int) -> list[HostLoad]:
     """One process per GPU, each loading the whole model."""
     base = PROCESS_BASE * procs
     legacy = ckpt.format == "bin-legacy"
-    # straight to the GPU: every page read while every file is mapped; conversions happen on the GPU
-    mapped = 0 if legacy else ckpt.total_bytes
-    out = [_load("to-gpu", procs, base, ckpt.total_bytes * procs if legacy else 0, mapped, mapped,
-                 'from_pretrained(path, dtype=DTYPE, device_map=f"cuda:{local_rank}")')]
+    if ckpt.loader == "tf5":
+        # straight to the GPU: every page read while every file is mapped; conversions happen on the GPU
+        mapped = 0 if legacy else ckpt.total_bytes
+        to_gpu = _load("to-gpu", procs, base, ckpt.total_bytes * procs if legacy else 0, mapped, mapped,
+                       'from_pretrained(path, dtype=DTYPE, device_map=f"cuda:{local_rank}")')
+    else:  # transformers 4 with a device_map: on meta, one shard at a time, each unmapped before the next
+        shard = 0 if legacy else _one_shard(ckpt)
+        to_gpu = _load("to-gpu", procs, base, ckpt.largest_file_bytes * procs if legacy else 0, shard,
+                       min(ckpt.total_bytes, shard * procs),
+                       'from_pretrained(path, dtype=DTYPE, device_map=f"cuda:{local_rank}")',
+                       ["transformers 4 loads one shard at a time (load_shard_file)"], assumes=ckpt.loader)
+    out = [to_gpu]
     # on the CPU first, then .to("cuda")
     anon, mapped, notes = _cpu_build(ckpt, load_dtype, weights)
     out.append(_load("cpu-then-to", procs, base, anon * procs, mapped, min(ckpt.total_bytes, mapped * procs),
-                     'from_pretrained(path, dtype=DTYPE).to(f"cuda:{local_rank}")', notes))
-    return out
+                     'from_pretrained(path, dtype=DTYPE).to(f"cuda:{local_rank}")', notes, ckpt.loader))
+    return _keyword(out, ckpt)
+
+
+def _keyword(methods: list[HostLoad], ckpt: Checkpoint) -> list[HostLoad]:
+    """transformers 4 spells from_pretrained's dtype ``torch_dtype`` (``dtype`` only from 4.56)."""
+    if ckpt.loader != "tf5":
+        for m in methods:
+            m.code = m.code.replace("from_pretrained(path, dtype=", "from_pretrained(path, torch_dtype=")
+    return methods
 
 
 def zero3_methods(ckpt: Checkpoint, load_dtype: str, ranks: int, weights: int) -> list[HostLoad]:
-    """``from_pretrained`` under ``zero.Init``: rank 0 reads the checkpoint, the others keys only."""
+    """``from_pretrained`` under ``zero.Init``: rank 0 copies the checkpoint into the partitions; the other ranks
+    read keys only (transformers >= 5), or open every shard too (transformers 4, one shard at a time)."""
     legacy = ckpt.format == "bin-legacy"
     base = (PROCESS_BASE + ZERO3_RUNTIME) * ranks
-    mapped = 0 if legacy else ckpt.total_bytes
-    load = _load("zero-init", ranks, base, ckpt.total_bytes if legacy else 0, 0, mapped,
-                 "HfDeepSpeedConfig(ds_config) kept alive, then from_pretrained(path, dtype=DTYPE)",
-                 ["rank 0 maps the checkpoint, the other ranks build from keys (transformers >= 5); "
-                  "transformers 4 reads every shard on every rank"])
+    code = "HfDeepSpeedConfig(ds_config) kept alive, then from_pretrained(path, dtype=DTYPE)"
+    if ckpt.loader == "tf5":
+        mapped = 0 if legacy else ckpt.total_bytes
+        load = _load("zero-init", ranks, base, ckpt.total_bytes if legacy else 0, 0, mapped, code,
+                     ["rank 0 maps the checkpoint, the other ranks build from keys (transformers >= 5); "
+                      "transformers 4 reads every shard on every rank"])
+    else:
+        mapped = 0 if legacy else _one_shard(ckpt)
+        load = _load("zero-init", ranks, base, ckpt.largest_file_bytes if legacy else 0, 0, mapped,
+                     code,
+                     ["transformers 4: every rank opens every shard, one at a time (safetensors tensors stay lazy "
+                      "views); rank 0 copies them into the partitions: about one shard read at a time"],
+                     ckpt.loader)
     load.file_rss_bytes += mapped  # rank 0 only
-    return [load]
+    return _keyword([load], ckpt)
 
 
 def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weights: int,
@@ -189,7 +265,7 @@ def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weight
     out.append(_load("cpu-model", procs, base, anon * procs, mapped, min(ckpt.total_bytes, mapped * procs),
                      "model = from_pretrained(path, dtype=DTYPE)  # on the CPU, every rank\n"
                      "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE)",
-                     notes))
+                     notes, ckpt.loader))
     # meta-device model + checkpoint description: one checkpoint file at a time per rank
     out.append(_load("meta-checkpoint", procs, base, ckpt.largest_file_bytes * procs, 0, 0,
                      "with deepspeed.OnDevice(dtype=DTYPE, device=\"meta\"): model = "
@@ -198,14 +274,16 @@ def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weight
                      "checkpoint=\"checkpoints.json\", replace_with_kernel_inject=True)",
                      ["needs kernel injection (replace_with_kernel_inject=True) and a DeepSpeed injection "
                       "policy for the architecture; checkpoints.json lists the checkpoint files; the injected "
-                      "kernels' workspace is not in the GPU peak (modelled for AutoTP without injection)"]))
+                      "kernels' workspace is not in the GPU peak (modelled for AutoTP without injection)"],
+                     "deepspeed"))
     # pre-sharded: each rank reads its own slice
     out.append(_load("pre-sharded", procs, base, -(-weights // tp) * procs, 0, 0,
                      "engine = deepspeed.init_inference(model_on_meta, tensor_parallel={\"tp_size\": TP}, "
                      "checkpoint=\"sharded/ds_inference_config.json\", replace_with_kernel_inject=True)",
                      ["write the shards once with init_inference(..., save_mp_checkpoint_path=DIR) on a "
-                      "machine that can hold the full model; kernel injection as for meta-checkpoint"]))
-    return out
+                      "machine that can hold the full model; kernel injection as for meta-checkpoint"],
+                     "deepspeed"))
+    return _keyword(out, ckpt)
 
 
 PREFERENCE = ("to-gpu", "cpu-then-to", "zero-init", "cpu-model", "meta-checkpoint", "pre-sharded")

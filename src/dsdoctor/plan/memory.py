@@ -53,6 +53,7 @@ class PathMemory:
     gpu_reserved_bytes: int = 0  # what the caching allocator holds: the path's reserved model (with_reserved)
     fragmentation_bytes: int = 0  # reserved beyond allocated
     host_file_bytes: int = 0  # mapped checkpoint pages of the loading method (loading.apply_loading)
+    reserved_assumption: dict | None = None  # several ranks: the host-ahead figure and the one without (paths/base.py)
 
     def with_reserved(self, reserved: int) -> PathMemory:
         """This estimate with the reserved bytes of its reserved model."""

@@ -6,7 +6,7 @@ batch over all GPUs; so throughput per machine, not per rank, decides. On a tie 
 from __future__ import annotations
 
 from dsdoctor.i18n import message_table, pick
-from dsdoctor.units import human_bytes
+from dsdoctor.units import human_bytes, human_rate
 
 PREFERENCE = ("plain", "tp", "zero3", "zero3-offload", "zero3-offload-nvme")
 
@@ -34,9 +34,13 @@ def preference(name: str) -> tuple:
 
 
 def choose_tiered(plans: list, quantized: set) -> tuple:
-    """Measured paths first; an estimate (device-map) only when none fits; quantized weights (they change
-    the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier compared)."""
-    tiers = [[p for p in plans if not p.estimate], [p for p in plans if p.name not in quantized], plans]
+    """Measured paths whose fit is verified first; a measured path that fits only unverified (DSD222) when
+    none does; an estimate (device-map, serving engines) only when no measured path fits; quantized weights
+    (they change the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier
+    compared)."""
+    measured = [p for p in plans if not p.estimate]
+    tiers = [[p for p in measured if p.verdict != "unverified"], measured,
+             [p for p in plans if p.name not in quantized], plans]
     for tier in tiers:
         chosen = choose(tier)
         if chosen is not None:
@@ -67,10 +71,10 @@ def why(chosen, paths: list, lang: str) -> str:
     others = [p for p in paths if p is not chosen]
     fits_others = [p for p in others if p.fits]
     text = pick(WHY["fits"], lang).format(name=chosen.name, peak=human_bytes(chosen.gpu_peak_bytes),
-                                           speed=machine_tokens_per_s(chosen))
+                                           speed=human_rate(machine_tokens_per_s(chosen)))
     if fits_others:
         best_other = max(fits_others, key=machine_tokens_per_s)
-        text += pick(WHY["next"], lang).format(name=best_other.name, speed=machine_tokens_per_s(best_other))
+        text += pick(WHY["next"], lang).format(name=best_other.name, speed=human_rate(machine_tokens_per_s(best_other)))
     unfit = [p.name for p in others if not p.fits]
     if unfit:
         text += pick(WHY["unfit"], lang).format(names=", ".join(unfit))

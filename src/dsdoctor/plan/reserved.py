@@ -85,10 +85,17 @@ def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int
 
     x = norm(h, "input_layernorm")
     outs = {}
-    for name, width in (("q_proj", q), ("k_proj", k), ("v_proj", k)):
-        fetch(name)
-        outs[name] = r.new(n * width * b)
-        release(name)
+    qkv = None
+    if shape.fused_qkv:  # one output; q, k and v are views of it, alive until the attention forward returns
+        fetch("v_proj")
+        qkv = r.new(n * (q + 2 * k) * b)
+        release("v_proj")
+        outs["v_proj"] = r.new(n * k * b)  # the cache's copy of the value view (its update concatenates)
+    else:
+        for name, width in (("q_proj", q), ("k_proj", k), ("v_proj", k)):
+            fetch(name)
+            outs[name] = r.new(n * width * b)
+            release(name)
     r.free(x)
     # rotary on q and k: x*cos, rotate_half(x), *sin, sum
     for name, width in (("q_proj", q), ("k_proj", k)):
@@ -97,7 +104,7 @@ def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int
         t3 = r.new(n * width * b)
         r.free(t2)
         t4 = r.new(n * width * b)
-        r.free(t1, t3, outs[name])
+        r.free(t1, t3, outs.get(name))
         outs[name] = t4
     # the cache: the first update keeps the tensors; later ones concatenate
     for name in ("k_proj", "v_proj"):
@@ -117,7 +124,7 @@ def _decoder_layer(r: _Run, shape, n: int, b: int, tp: int, kv: dict, layer: int
     fetch("o_proj")
     o = r.new(n * h * b)
     release("o_proj")
-    r.free(cont)
+    r.free(cont, qkv)
     return o
 
 
@@ -146,7 +153,15 @@ def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv
         r.free(a3)
         release((layer, "post_attention_layernorm"))
         i = math.ceil(shape.intermediate / tp)
-        if shape.gated_mlp:
+        gate_up = None
+        if shape.fused_gate_up:  # Phi3MLP: the 2I-wide output stays (its chunks are views) until the MLP returns
+            fetch((layer, "gate_up_proj"))
+            gate_up = r.new(n * 2 * i * b)
+            release((layer, "gate_up_proj"))
+            act = r.new(n * i * b)
+            m = r.new(n * i * b)
+            r.free(act)
+        elif shape.gated_mlp:
             fetch((layer, "gate_proj"))
             g = r.new(n * i * b)
             release((layer, "gate_proj"))
@@ -167,7 +182,7 @@ def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv
         fetch((layer, "down_proj"))
         d = r.new(n * h * b)
         release((layer, "down_proj"))
-        r.free(m)
+        r.free(m, gate_up)
         h2 = r.new(n * h * b)
         r.free(d, h1)
         release(("<layer>", layer))
@@ -222,6 +237,7 @@ def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, 
         r.new(training_bytes)
     r.new(32 * MiB)  # cuBLAS workspace, at the first matmul
     z3 = Zero3Fetcher(r, shape, g, b, numel_of, tp, timing)
+    a.fetcher = z3
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
     for _generate in range(2):  # the warm-up generate and the timed one
         kv: dict = {}
@@ -250,21 +266,29 @@ def _shape_key(shape, numel_of) -> tuple:
     inv = shape.inventory
     return (shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.head_dim, shape.vocab,
             shape.layers, shape.gated_mlp, tuple(shape.kv_elems_per_token), tuple(shape.kv_window),
-            shape.logits_to_keep, tuple(numel_of), tuple((p.module, p.kind, p.layer) for p in inv.params),
+            shape.logits_to_keep, shape.fused_qkv, shape.fused_gate_up, tuple(numel_of),
+            tuple((p.module, p.kind, p.layer) for p in inv.params),
             tuple(inv.tied))
+
+
+def reserved_detail(name, shape, wl, g, peak, numel_of, expandable=False, training_bytes=0, tp=1,
+                    timing: Timing | None = None) -> tuple[int, int, int]:
+    """(peak reserved bytes, the most bytes of released gathers held at once, the layers they belonged to) for a
+    run whose allocated peak plan puts at ``peak``: the simulated allocator's reserved peak, shifted by how far
+    its own allocated peak (deferred releases not counted, as ``max_memory_allocated`` does not count them) is
+    from plan's exact one. Held bytes are only simulated with ``timing`` (the host ahead of the GPU)."""
+    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing)
+    if key not in _CACHE:
+        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing)
+        _CACHE[key] = (a.peak_reserved, a.peak_live, *a.fetcher.held_max)
+        if len(_CACHE) > 256:
+            _CACHE.pop(next(iter(_CACHE)))
+    res, alloc, held, layers = _CACHE[key]
+    slack = max(res - alloc, 0)  # what fragmentation and rounding add beyond the simulated live peak
+    return int(max(peak + slack, peak)), int(held), int(layers)
 
 
 def reserved_for(name, shape, wl, g, peak, numel_of, expandable=False, training_bytes=0, tp=1,
                  timing: Timing | None = None) -> int:
-    """Peak reserved bytes for a run whose allocated peak plan puts at ``peak``: the simulated allocator's
-    reserved peak, shifted by how far its own allocated peak (deferred releases not counted, as
-    ``max_memory_allocated`` does not count them) is from plan's exact one."""
-    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing)
-    if key not in _CACHE:
-        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing)
-        _CACHE[key] = (a.peak_reserved, a.peak_live)
-        if len(_CACHE) > 256:
-            _CACHE.pop(next(iter(_CACHE)))
-    res, alloc = _CACHE[key]
-    slack = max(res - alloc, 0)  # what fragmentation and rounding add beyond the simulated live peak
-    return int(max(peak + slack, peak))
+    """The peak reserved bytes of ``reserved_detail``."""
+    return reserved_detail(name, shape, wl, g, peak, numel_of, expandable, training_bytes, tp, timing)[0]

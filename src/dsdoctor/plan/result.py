@@ -9,7 +9,7 @@ from dsdoctor.plan.ds_knobs import DsKnobs
 from dsdoctor.plan.hardware import Hardware
 from dsdoctor.plan.workload import Workload
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
-from dsdoctor.units import human_bytes, human_count
+from dsdoctor.units import human_age, human_bytes, human_count, human_rate
 
 # names of the breakdown parts, per language
 LABELS = message_table("plan.result.LABELS")  # the texts live in dsdoctor/messages.json
@@ -49,6 +49,8 @@ class PathPlan:
     estimate: bool = False  # modelled, not yet measured on a GPU
     fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
     speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
+    verdict: str = "fits"  # fits | does not fit | unverified (fits only without an unmeasured assumption)
+    reserved_assumption: dict | None = None  # several ranks: what the reserved figure assumes (paths/base.host_ahead)
 
     def to_dict(self) -> dict:
         return {
@@ -64,6 +66,7 @@ class PathPlan:
             "loading_options": self.loading_options, "tp": self.tp,
             "estimate": self.estimate,
             "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
+            "verdict": self.verdict, "reserved_assumption": self.reserved_assumption,
         }
 
 
@@ -89,6 +92,7 @@ class PlanResult:
     recommended: Recommendation
     findings: list[Finding]
     weights_only_bytes: int
+    loading: dict | None = None  # the transformers release the host figures assume (plan/loading.py)
 
     def path(self, name: str) -> PathPlan | None:
         return next((p for p in self.paths if p.name == name), None)
@@ -97,21 +101,22 @@ class PlanResult:
         return {
             "model": self.model, "workload": self.workload.to_dict(), "hardware": self.hardware.to_dict(),
             "config": self.knobs.to_dict() if self.knobs else None,
-            "weights_only_bytes": self.weights_only_bytes,
+            "weights_only_bytes": self.weights_only_bytes, "loading": self.loading,
             "paths": [p.to_dict() for p in self.paths],
             "recommended": self.recommended.to_dict(lang),
             "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
         }
 
-    def _rows(self, lang: str, ok: str, no: str):
+    def _rows(self, lang: str, ok: str, no: str, unverified: str):
         rows = []
         for p in self.paths:
             star = "*" if p.name == self.recommended.path else ""
             star += "~" if p.estimate else ""
+            fit = unverified if p.verdict == "unverified" else ok if p.fits else f"{no} " + ",".join(p.limits)
             rows.append((
                 p.name + star, p.ranks, human_bytes(p.gpu_peak_bytes), human_bytes(p.gpu_reserved_bytes),
-                human_bytes(p.host_peak_bytes), p.loading or "-", ok if p.fits else f"{no} " + ",".join(p.limits),
-                f"{p.tokens_per_s:.1f}", p.max_batch if p.max_batch is not None else "-",
+                human_bytes(p.host_peak_bytes), p.loading or "-", fit,
+                human_rate(p.tokens_per_s, 1), p.max_batch if p.max_batch is not None else "-",
                 p.max_prompt_len if p.max_prompt_len is not None else "-",
             ))
         return pick(TEXT["head"], lang), rows
@@ -123,8 +128,22 @@ class PlanResult:
             src = f" ({prof['source']})" if prof.get("source") else ""
             rest = prof.get("assumed") or []
             tail = pick(TEXT["assumed some"], lang) + ", ".join(rest) if rest else ""
-            return pick(TEXT["calibrated"], lang).format(when=when[:10]) + src + tail
+            return pick(TEXT["calibrated"], lang).format(when=when[:10]) + src + self._freshness(prof, lang) + tail
         return pick(TEXT["not calibrated"], lang)
+
+    @staticmethod
+    def _freshness(prof: dict, lang: str) -> str:
+        """How old the profile is, on which host, and whether plan re-timed this host (calibrate/recheck.py)."""
+        fresh = prof.get("freshness")
+        if not fresh:
+            return ""
+        text = pick(TEXT["profile age"], lang).format(age=human_age(fresh.get("age_s")),
+                                                      host=pick(TEXT[f"profile {fresh.get('host') or 'unknown host'}"], lang))
+        if fresh.get("rescaled"):
+            text += pick(TEXT["profile rescaled"], lang).format(ratio=f"{fresh['ratio']:.2f}")
+        elif fresh.get("now_s"):
+            text += pick(TEXT["profile rechecked"], lang)
+        return text
 
     def _header(self, lang: str) -> str:
         m, w, h = self.model, self.workload, self.hardware
@@ -135,7 +154,17 @@ class PlanResult:
                                                       new_tokens=w.new_tokens, dtype=w.dtype)
                 + pick(TEXT["hardware"], lang).format(gpus=h.gpus, gpu_memory=human_bytes(h.gpu_memory),
                                                       host_memory=human_bytes(h.host_memory))
-                + pick(TEXT["machine"], lang).format(figures=self._calibration(lang)))
+                + pick(TEXT["machine"], lang).format(figures=self._calibration(lang))
+                + self._loading_line(lang))
+
+    def _loading_line(self, lang: str) -> str:
+        """Which transformers the host figures assume, and how it loads."""
+        if not self.loading:
+            return ""
+        version = self.loading.get("version") or pick(TEXT["newest"], lang)
+        source = self.loading.get("source") or "assumed"
+        return pick(TEXT["loading"], lang).format(version=version, source=pick(TEXT.get(f"source {source}", source), lang),
+                                                  behaviour=pick(TEXT[f"loader {self.loading['loader']}"], lang))
 
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []
@@ -153,13 +182,15 @@ class PlanResult:
         for m in p.loading_options:
             mark = "*" if m["method"] == p.loading else " "
             rss = human_bytes(m["file_rss_bytes"])
+            assumes = pick(TEXT.get(f"tag {m.get('assumes')}", m.get("assumes") or "-"), lang)
             lines.append(f"  {mark}{m['method']:<16} {human_bytes(m['anon_bytes'])}"
-                         + pick(TEXT["host line"], lang).format(file=human_bytes(m["file_bytes"]), rss=rss))
+                         + pick(TEXT["host line"], lang).format(file=human_bytes(m["file_bytes"]), rss=rss)
+                         + f" [{assumes}]")
         return lines
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        head, rows = self._rows(lang, style.ok, style.error)
+        head, rows = self._rows(lang, style.ok, style.error, f"{style.warning} gpu?")
         out = [self._header(lang), text_table(head, rows)]
         out.append(pick(TEXT["breakdown"], lang) + "\n" + "\n".join(self._breakdown_lines(lang)) + "\n")
         host = self._host_lines(lang)
@@ -175,7 +206,7 @@ class PlanResult:
         return "\n".join(x for x in out if x)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head, rows = self._rows(lang, pick(TEXT["yes"], lang), pick(TEXT["no"], lang))
+        head, rows = self._rows(lang, pick(TEXT["yes"], lang), pick(TEXT["no"], lang), pick(TEXT["unverified"], lang))
         out = [pick(TEXT["title"], lang), self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
         brows = [(p.name, label(k, lang), human_bytes(v)) for p in self.paths for k, v in p.breakdown.items()]
         out += [markdown_table(pick(TEXT["part head"], lang), brows), "\n"]

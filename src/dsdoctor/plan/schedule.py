@@ -56,6 +56,14 @@ def _layer_levels(shape: ModelShape, b: int, tp: int) -> dict[str, float]:
     else:
         levels.update({"up_proj": base + b * (2 * h + i), "act_fn": base + b * (2 * h + 2 * i),
                        "down_proj": base + b * (3 * h + i)})
+    if shape.fused_gate_up:
+        # Phi3MLP: gate_up = gate_up_proj(x); gate, up = gate_up.chunk(2); up = up * act(gate); down_proj(up).
+        # The chunks are views: the 2I-wide output lives until the MLP returns, beside act(gate) and the product
+        levels.update({"gate_up_proj": base + b * (2 * h + 2 * i), "act_fn": base + b * (2 * h + 3 * i),
+                       "mul": base + b * (2 * h + 4 * i), "down_proj": base + b * (3 * h + 3 * i)})
+    if shape.fused_qkv:
+        # Phi3Attention: q, k, v are views of one qkv_proj output, alive (value_states) until the forward returns
+        levels["o_proj"] = base + b * (2 * h + 2 * q + 2 * k)
     return levels
 
 
@@ -119,6 +127,10 @@ def _in_layer(shape: ModelShape, levels: dict, name: str, layer: int, plist) -> 
     """A module inside a decoder layer, with the points inside its forward where the layer can peak."""
     kind = step_kind(name)
     owner = name.rsplit(".", 1)[0]
+    if shape.fused_gate_up and name.endswith("gate_up_proj"):
+        return [Step(name, plist, levels["gate_up_proj"], layer),
+                Step(owner + ".activation_fn", [], levels["act_fn"], layer),  # a module: DeepSpeed hooks it
+                Step(owner + ".<mul>", [], levels["mul"], layer, virtual=True)]
     out = []
     if kind == "up_proj" and shape.gated_mlp:
         out.append(Step(owner + ".act_fn", [], levels["act_fn"], layer))

@@ -22,6 +22,10 @@ class ModelShape:
     kv_window: list  # per layer: positions kept (None: all)
     logits_to_keep: bool
     inventory: Inventory
+    # Phi-3's fused projections: one ``qkv_proj`` whose output the q/k/v views keep alive for the whole attention
+    # forward, one ``gate_up_proj`` whose output the ``gate`` view keeps alive until the MLP returns
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -58,7 +62,8 @@ def model_shape(spec, inv: Inventory) -> ModelShape:
     names = {p.module.rsplit(".", 1)[-1] for p in inv.params}
     gated = bool(names & {"gate_proj", "w1", "gate_up_proj"})
     return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                      spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv)
+                      spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv,
+                      fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names)
 
 
 def kv_bytes(shape: ModelShape, batch: int, positions: int, dtype_bytes: int, tp: int = 1,

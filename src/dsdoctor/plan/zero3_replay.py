@@ -14,7 +14,8 @@ from dsdoctor.plan.speed import Figures, hooked_modules
 # ZeRO-3 gathers on its own stream (overlap_comm defaults to true at stage 3): the caching allocator keys
 # free blocks by stream, so gathered parameters and the main stream's tensors never share a block
 GATHER_STREAM = 1
-_MATMULS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "<lm_head>")
+_MATMULS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate_up_proj",
+            "<lm_head>")
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,12 @@ def _step_key(step) -> object:
         if step.module in ("<root>", "<model>", "<rotary_emb>"):
             return step.module
         return None  # embedding / lm_head / final norm: named by their parameters (``_step_keys``)
-    kind = step_kind(step.module)
+    kind = "gate_up_proj" if step.module.endswith("gate_up_proj") else step_kind(step.module)
     return (step.layer, kind if kind in _LAYER_KINDS else step.module)
 
 
 _LAYER_KINDS = ("input_layernorm", "post_attention_layernorm", "q_proj", "k_proj", "v_proj", "o_proj",
-                "gate_proj", "up_proj", "down_proj")
+                "gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
 def _step_keys(steps, inv) -> list:
@@ -104,7 +105,11 @@ class Zero3Fetcher:
         self.prefill = True
         self.clock = {"host": 0.0, "gather": 0.0, "compute": 0.0, "gathered": 0.0}
         self.waits: collections.deque = collections.deque()
-        self.pending: list = []  # (compute time after which the block is free, tensor id)
+        self.pending: list = []  # (compute time after which the block is free, tensor id, layer)
+        # the most the held releases came to over the run: bytes, and the layers they belong to (how far the host
+        # ran ahead of the GPU); read by ``reserved.reserved_detail``
+        self.held_max = (0, 0)
+        self._layer_of = {k: p.layer for k, p in enumerate(shape.inventory.params)}
         if timing is not None and self.active:
             r.before = self._process_events
 
@@ -112,12 +117,15 @@ class Zero3Fetcher:
         if self.pending:
             now = self.clock["host"]
             keep = []
-            for t, tid in self.pending:
+            for t, tid, layer in self.pending:
                 if t <= now:
                     self.r.free(tid)
                 else:
-                    keep.append((t, tid))
+                    keep.append((t, tid, layer))
             self.pending[:] = keep
+        held = sum(self.r.a.deferred.get(tid, 0) for _t, tid, _layer in self.pending)
+        if held > self.held_max[0]:
+            self.held_max = (held, len({layer for _t, _tid, layer in self.pending if layer is not None}))
 
     def _transfer_s(self, key, nbytes, kind) -> float:
         g, timing = self.g, self.timing
@@ -151,7 +159,7 @@ class Zero3Fetcher:
         else:
             tid = self.tensors.pop(key, None)
             if self.timing is not None and key[0] == "param" and tid is not None:
-                self.pending.append((clock["compute"], tid))
+                self.pending.append((clock["compute"], tid, self._layer_of.get(key[1])))
                 r.a.defer(tid)
             else:
                 r.free(tid)

@@ -3,7 +3,8 @@
 ``plan()`` loops over ``REGISTRY`` in order: that order is the order of the result's rows. Adding a path is
 adding one type (a subclass of ``LoadPath``, usually in a module of its own here) and listing it below. A
 path the shared memory model does not cover (a serving engine such as vLLM or SGLang, with its own KV-cache
-pool) overrides ``memory()``, ``loading_methods()``, ``speed()`` and ``code()`` with models of its own.
+pool) overrides ``memory()``, ``loading_methods()``, ``speed()`` and ``code()`` with models of its own
+(``serving.py``).
 """
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from dsdoctor.plan.paths.device_map import DeviceMap
 from dsdoctor.plan.paths.loop import Zero2, Zero3GatherOnce
 from dsdoctor.plan.paths.plain import Plain
 from dsdoctor.plan.paths.quantized import BnbInt8, BnbNf4, Zero3Int4, Zero3OffloadInt4
+from dsdoctor.plan.paths.serving import Sglang, Vllm
 from dsdoctor.plan.paths.tp import Tp, TpGroups
 from dsdoctor.plan.paths.zero3 import Zero3, Zero3Nvme, Zero3Offload, config_path
 
 REGISTRY: tuple[type[LoadPath], ...] = (
     Plain, Tp, TpGroups, Zero3, Zero3Offload, Zero3Nvme,  # measured on GPUs
-    DeviceMap, BnbInt8, BnbNf4, Zero3Int4, Zero3OffloadInt4,  # estimates
+    DeviceMap, Vllm, Sglang, BnbInt8, BnbNf4, Zero3Int4, Zero3OffloadInt4,  # estimates
     Zero2, Zero3GatherOnce,  # --loop only
 )
 
@@ -31,6 +33,10 @@ def quantized_names() -> set[str]:
     return {cls.name for cls in REGISTRY if cls.quantized}
 
 
+def serving_names() -> set[str]:
+    return {cls.name for cls in REGISTRY if cls.serving}
+
+
 def training_names() -> set[str]:
     return {cls.name for cls in REGISTRY if cls.trains}
 
@@ -41,4 +47,4 @@ def by_name(name: str) -> type[LoadPath] | None:
 
 
 __all__ = ["REGISTRY", "LoadPath", "PlanContext", "by_name", "config_path", "paths_for", "quantized_names",
-           "training_names"]
+           "serving_names", "training_names"]

@@ -15,7 +15,8 @@ A path type says, for one way of running the model:
   model has them; ``row_notes(ctx)``: notes of its own for the result row.
 
 Flags: ``estimate`` (modelled, not yet measured on a GPU), ``quantized`` (changes the outputs: chosen only
-when nothing in full precision fits), ``trains`` (the actor of ``--loop`` can train on it), ``loop_only``
+when nothing in full precision fits), ``serving`` (a serving engine: never chosen when the user needs greedy
+outputs equal to transformers' ``generate``), ``trains`` (the actor of ``--loop`` can train on it), ``loop_only``
 (planned with ``--loop`` only), ``searched`` (the largest batch and prompt that fit are searched),
 ``derived`` (its reserved bytes and speed derive from another path's: no allocator slack or speed terms
 reported). A path with one model for both peaks may override ``memory()`` instead of the two hooks.
@@ -23,13 +24,14 @@ reported). A path with one model for both peaks may override ``memory()`` instea
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from dsdoctor.plan.ds_knobs import DsKnobs
 from dsdoctor.plan.hardware import Hardware
 from dsdoctor.plan.loading import Checkpoint, HostLoad
 from dsdoctor.plan.memory import Layout, PathMemory, allocated, params_numel
-from dsdoctor.plan.reserved import reserved_for
+from dsdoctor.plan.reserved import reserved_detail, reserved_for
 from dsdoctor.plan.result import PathPlan
 from dsdoctor.plan.shape import ModelShape
 from dsdoctor.plan.speed import Figures, Speed
@@ -56,6 +58,8 @@ class PlanContext:
     context_bytes: int | None = None  # the CUDA context, from a machine profile
     pos_limit: int | None = None  # max_position_embeddings
     hard_limit: int | None = None  # the longest sequence the model can run at all
+    transformers: dict | None = None  # the release the host figures and the code assume (loading.transformers_loading)
+    hf_equality: bool = False  # the outputs must equal transformers' greedy generate: no serving engine chosen
 
     @property
     def weights(self) -> int:
@@ -73,6 +77,17 @@ class PlanContext:
         return dataclasses.replace(self.knobs, has_optimizer=False, offload_param=None)
 
 
+def for_transformers(code: str | None, version: str | None) -> str | None:
+    """The emitted code for the user's transformers: ``from_pretrained`` and ``from_config`` take ``torch_dtype``
+    before 4.56 (``dtype`` there would be passed on to the config and the model loaded in float32)."""
+    from dsdoctor.config.versions import TRANSFORMERS_DTYPE_KWARG, version_tuple
+
+    release = version_tuple(version)
+    if code is None or release is None or release >= TRANSFORMERS_DTYPE_KWARG:
+        return code
+    return re.sub(r"(from_pretrained|from_config)\(([^\n]*?)\bdtype=", r"\1(\2torch_dtype=", code)
+
+
 def replay(layout: Layout, ctx: PlanContext, wl: Workload, mem: PathMemory, expandable: bool = False) -> int:
     """The caching-allocator replay's reserved bytes for a path on ``layout`` whose allocated peak is ``mem``."""
     g = layout.gather
@@ -82,8 +97,49 @@ def replay(layout: Layout, ctx: PlanContext, wl: Workload, mem: PathMemory, expa
     # matches its recorded allocator history exactly, and clocks there moved some cases away from the
     # measurement (BENCHMARKS.md, runs 3-6)
     timing = timing_for(bool(g.offload), ctx.shape, ctx.figures) if g.zero3 and layout.world > 1 else None
-    return reserved_for(layout.name, ctx.shape, wl, g, mem.gpu_peak_bytes, params_numel(ctx.shape.inventory),
-                        expandable, training_bytes=mem.training_gpu_bytes, tp=layout.tp, timing=timing)
+    numel = params_numel(ctx.shape.inventory)
+    args = (layout.name, ctx.shape, wl, g, mem.gpu_peak_bytes, numel, expandable)
+    reserved, held, layers = reserved_detail(*args, training_bytes=mem.training_gpu_bytes, tp=layout.tp,
+                                             timing=timing)
+    if timing is not None:
+        without = reserved_for(*args, training_bytes=mem.training_gpu_bytes, tp=layout.tp, timing=None)
+        mem.reserved_assumption = host_ahead(ctx, layout, reserved, without, held, layers)
+    return reserved
+
+
+# The largest world the host-ahead replay was checked against (bench/plan run 3, 2 x H200, uncapped peaks)
+HOST_AHEAD_MEASURED_WORLD = 2
+
+
+def host_ahead(ctx: PlanContext, layout: Layout, reserved: int, without: int, held: int, layers: int) -> dict:
+    """What the multi-rank reserved figure assumes, and the figure without it. With several ranks the host does
+    not wait for the GPU, so it runs ahead of a long prefill and every gathered layer it releases stays reserved
+    (``record_stream``) until the GPU has used it. Measured uncapped on 2 GPUs; under a memory cap PyTorch's
+    allocator first waits for those blocks (``release_cached_blocks`` synchronizes outstanding events) and
+    only then fails, so the line a run really needs lies between the two figures."""
+    inv = ctx.shape.inventory
+    numel = params_numel(inv)
+    persistent = layout.gather.persistence_threshold
+    per_layer: dict = {}
+    for k, prm in enumerate(inv.params):
+        if prm.layer is not None and numel[k] > persistent:
+            per_layer[prm.layer] = per_layer.get(prm.layer, 0) + numel[k] * ctx.wl.dtype_bytes
+    return {"assumption": "host-ahead", "reserved_with_bytes": int(reserved), "reserved_without_bytes": int(without),
+            "held_bytes": int(held), "layers_ahead": int(layers),  # the most held at once, and its layers
+            "layer_bytes": int(max(per_layer.values(), default=0)), "world": layout.world,
+            "measured_up_to_world": HOST_AHEAD_MEASURED_WORLD}
+
+
+def assumption_moved(mem: PathMemory | None) -> PathMemory | None:
+    """``mem`` with its host-ahead figures (``host_ahead``) moved with its reserved bytes, after these changed
+    past the replay (the loop's training state and step, ``loop.in_loop``; int4 shards): the assumption still
+    adds what it added to the generate's replay, so the figure without it is the path's reserved less that."""
+    alt = mem.reserved_assumption if mem is not None else None
+    if alt and alt["reserved_with_bytes"] != mem.gpu_reserved_bytes:
+        added = alt["reserved_with_bytes"] - alt["reserved_without_bytes"]
+        mem.reserved_assumption = {**alt, "reserved_with_bytes": int(mem.gpu_reserved_bytes),
+                                   "reserved_without_bytes": int(mem.gpu_reserved_bytes - added)}
+    return mem
 
 
 def replayed(layout: Layout, ctx: PlanContext, wl: Workload, knobs: DsKnobs | None = None,
@@ -101,6 +157,7 @@ class LoadPath:
     name = ""
     estimate = False
     quantized = False
+    serving = False
     trains = False
     loop_only = False
     searched = True
@@ -149,8 +206,9 @@ class LoadPath:
 
     def row(self, ctx: PlanContext, mem: PathMemory, speed: Speed, fit: tuple, method: HostLoad | None,
             methods: list, searched: tuple) -> PathPlan:
-        """The result row: the estimate, the loading method chosen, the speed, what fits."""
-        ok, limits = fit
+        """The result row: the estimate, the loading method chosen, the speed, what fits (``fit``: fits, the
+        limits it does not fit, the verdict: ``evaluate.fits``)."""
+        ok, limits, verdict = fit
         return PathPlan(
             name=self.name, ranks=mem.ranks, replicas=mem.replicas, gpu_peak_bytes=mem.gpu_peak_bytes,
             gpu_reserved_bytes=mem.gpu_reserved_bytes, gpu_outside_allocator_bytes=mem.gpu_outside_allocator_bytes,
@@ -161,7 +219,8 @@ class LoadPath:
             loading=method.method if method else None, host_file_bytes=mem.host_file_bytes,
             loading_options=[m.to_dict() for m in methods], tp=self.tp, estimate=self.estimate,
             fragmentation_bytes=0 if self.derived else mem.fragmentation_bytes,
-            speed_terms={} if self.derived else speed.terms)
+            speed_terms={} if self.derived else speed.terms, verdict=verdict,
+            reserved_assumption=mem.reserved_assumption)
 
 
 class LayoutPath(LoadPath):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from dsdoctor.plan.loading import plain_methods, zero3_methods
-from dsdoctor.plan.paths.base import TORCH_DTYPE, EstimatePath, replayed
+from dsdoctor.plan.paths.base import TORCH_DTYPE, EstimatePath, assumption_moved, replayed
 from dsdoctor.plan.paths.plain import plain_layout
 from dsdoctor.plan.paths.zero3 import Zero3, Zero3Offload, zero3_code, zero3_config
 from dsdoctor.plan.speed import StepTerms, estimate_speed
@@ -169,7 +169,7 @@ class Zero3Int4(EstimatePath):
     def memory(self, ctx, wl, ratio=None):
         knobs = ctx.stage3_only()
         base = replayed(self.base().layout(ctx.hw.gpus, knobs), ctx, wl, knobs)
-        return zero_int4_estimate(self.name, base, ctx.shape, wl)
+        return assumption_moved(zero_int4_estimate(self.name, base, ctx.shape, wl))
 
     def loading_methods(self, ctx, mem):
         return zero3_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, ctx.weights)

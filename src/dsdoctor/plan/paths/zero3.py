@@ -13,7 +13,7 @@ import json
 from dsdoctor.plan.loading import zero3_methods
 from dsdoctor.plan.loop import in_loop, training_code
 from dsdoctor.plan.memory import Layout, zero3_gather
-from dsdoctor.plan.paths.base import TORCH_DTYPE, LayoutPath
+from dsdoctor.plan.paths.base import TORCH_DTYPE, LayoutPath, assumption_moved
 from dsdoctor.plan.speed import StepTerms, estimate_speed
 
 
@@ -75,7 +75,7 @@ class Zero3(LayoutPath):
 
     def memory(self, ctx, wl, ratio=None):
         mem = super().memory(ctx, wl, ratio)
-        return in_loop(mem, ctx.shape, wl, self.knobs(ctx)) if ctx.loop else mem
+        return assumption_moved(in_loop(mem, ctx.shape, wl, self.knobs(ctx))) if ctx.loop else mem
 
     def loading_methods(self, ctx, mem):
         return zero3_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, ctx.weights)

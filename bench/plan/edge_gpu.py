@@ -1,0 +1,511 @@
+"""Edge of capacity on one GPU: does a run fit exactly where ``dsdoctor plan`` says it does?
+
+    python3 bench/plan/edge_gpu.py OUT_DIR [--budget-s 330] [--lanes 3] [--only SUBSTR,...] [--delta 0.02]
+    python3 bench/plan/edge_gpu.py OUT_DIR --tiny                        # tiny models; on the CPU without a GPU
+    python3 bench/plan/edge_gpu.py OUT_DIR --reestimate RUN.tar.gz|RAW.jsonl [...]   # no GPU: plan again
+
+For each case (a model shape, a load path, batch x prompt x new tokens) plan gives its line: reserved +
+outside the allocator (``fits`` is decided on it). The case then runs twice, each in a fresh process under
+``torch.cuda.set_per_process_memory_fraction``: the caching allocator capped so that the GPU it emulates is
+``delta`` of the line above it, then ``delta`` below it (cap = line x (1 +- delta) - plan's outside bytes).
+Plan predicts "fits" above and "out of memory" below; each run says what happened: load and two
+``generate`` calls (the warm-up and the timed one, as plan models) finished, or ``torch.OutOfMemoryError``
+(where: load, warm-up or timed), with its peaks, the allocator's retries (``num_alloc_retries``: times it
+freed its cache and tried again at the cap) and the memory used outside the allocator (``mem_get_info`` is the
+whole GPU's: meaningful only for the uncapped runs, which run alone). Cases marked
+``measure`` also run uncapped once, alone on the GPU, with the allocator's history recorded: their real
+reserved peak (the zero3-offload reserved cases re-measured) and the events to replay offline.
+
+Runs go in ``--lanes`` concurrent lanes (each cap bounds its process; the GPU has room for all), the
+uncapped runs afterwards one at a time. Each run imports while the one before it in its lane works (a
+``go`` file starts it). The driver stops launching at ``--budget-s`` and kills what still runs 25 s later.
+Writes OUT_DIR/raw.jsonl (one line per run, plan's figures beside), results.md and results.json (the
+table), and edge-run.tar.gz (allocator histories and every run's log), rewritten after each run; prints one
+JSON line per run on stdout and a summary line last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench" / "speed"))
+
+from cases import MODELS as SPEED_MODELS  # noqa: E402
+from cases import TINY_MODELS  # noqa: E402
+
+PHI3 = json.loads((ROOT / "tests" / "data" / "arch_configs" / "phi-3-mini-4k.json").read_text())
+MODELS = dict(SPEED_MODELS, **{"phi3-mini": dict(PHI3, hidden_act="silu", rms_norm_eps=1e-5)})
+DELTA = 0.02
+JOB_TIMEOUT_S = 150
+
+
+def case(model, path, batch, prompt, new, measure=False):
+    return {"model": model, "path": path, "batch": batch, "prompt_len": prompt, "new_tokens": new,
+            "measure": measure, "id": f"{model}-{path}-b{batch}-p{prompt}-n{new}"}
+
+
+# Llama-, Qwen2-, Mistral- and Phi-3-shaped, every one-GPU path; batch x prompt where the KV cache and the
+# activations are a large part of the line. Chosen before any was run. Ordered by what the budget must not lose.
+CASES = [
+    case("llama-8b", "zero3-offload", 16, 2048, 4, measure=True),  # recorded: 18.8 GiB reserved, plan 12.6
+    case("llama-8b", "plain", 8, 2048, 16),
+    case("phi3-mini", "plain", 8, 2048, 16),  # fused qkv_proj / gate_up_proj
+    case("llama-3b", "zero3-offload", 8, 512, 8, measure=True),  # recorded: -15.9% reserved
+    case("qwen2-7b", "plain", 4, 4096, 16),
+    case("llama-8b", "zero3", 4, 2048, 8),
+    case("qwen2-1.5b", "zero3-offload", 4, 1024, 8, measure=True),  # recorded: -13.3%
+    case("mistral-7b", "plain", 16, 1024, 16),
+    case("llama2-7b", "plain", 16, 256, 16, measure=True),  # recorded: -5.7%
+    case("llama-8b", "zero3-offload", 8, 2048, 4, measure=True),  # recorded: -21.3%
+    case("qwen2-1.5b", "zero3", 16, 1024, 8),
+    case("llama-1b", "plain", 64, 128, 16, measure=True),  # recorded: -6.1%
+    case("qwen2-7b", "zero3-offload", 1, 2048, 8, measure=True),  # recorded: -20.0%
+]
+TINY_CASES = [case("tiny", "plain", 2, 16, 4), case("tiny", "zero3", 2, 16, 4),
+              case("tiny", "zero3-offload", 1, 8, 3, measure=True)]
+
+
+def log(msg: str) -> None:
+    print(f"[bench/edge {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_models(out: Path, models: dict) -> Path:
+    d = out / "models"
+    for m, cfg in models.items():
+        (d / m).mkdir(parents=True, exist_ok=True)
+        (d / m / "config.json").write_text(json.dumps(cfg, indent=2))
+    return d
+
+
+# ------------------------------------------------------------------------------------------ plan's side
+
+def predict(models_dir: Path, c: dict, gpu_name: str | None) -> dict:
+    """Plan's figures for the case's path on one GPU (bf16, no DeepSpeed config, no machine profile)."""
+    from dsdoctor.plan.api import plan
+
+    res = plan(models_dir / c["model"], batch=c["batch"], prompt_len=c["prompt_len"], new_tokens=c["new_tokens"],
+               dtype="bf16", gpus=1, gpu_memory=141 * 10**9, host_memory=2**40, detect=False,
+               gpu_name=gpu_name or "H200", alloc_conf="")
+    p = res.path(c["path"])
+    return {"allocated": p.gpu_peak_bytes, "reserved": p.gpu_reserved_bytes,
+            "outside": p.gpu_outside_allocator_bytes, "line": p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes}
+
+
+def caps_for(pred: dict, delta: float) -> dict:
+    """The emulated GPU just above and just below plan's line, and the allocator cap that makes it."""
+    out = {}
+    for side, sign in (("above", 1), ("below", -1)):
+        gpu = int(pred["line"] * (1 + sign * delta))
+        out[side] = {"emulated_gpu_bytes": gpu, "cap_bytes": gpu - pred["outside"]}
+    return out
+
+
+# ------------------------------------------------------------------------------------------ one run
+
+def worker(job: dict, models: Path, rec_path: Path, go: Path | None) -> int:  # noqa: C901, PLR0912, PLR0915 (the GPU driver as it ran)
+    """One run in this process: build, generate twice, under the job's cap. Writes ``rec_path``."""
+    c = job["case"]
+    import torch
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    zero3 = c["path"].startswith("zero3")
+    cuda = torch.cuda.is_available()
+    if zero3:
+        import deepspeed  # noqa: F401  (before the GPU is ours)
+    cfg = AutoConfig.from_pretrained(models / c["model"])
+    import transformers.generation.utils  # noqa: F401  (a lazy import inside zero.Init breaks)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    concurrent = 0
+    if go is not None:
+        while not go.exists():
+            time.sleep(0.05)
+        concurrent = int(go.read_text() or 0)
+    rec = {"id": job["id"], "ok": False, "observed": "error", "phase": "start", "concurrent": concurrent,
+           "started": time.time(), "cap_applied": False}
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    torch.set_default_dtype(torch.bfloat16)
+    B, S, T = c["batch"], c["prompt_len"], c["new_tokens"]
+    engine = None
+    try:
+        if cuda:
+            torch.cuda.set_device(0)
+            total = torch.cuda.get_device_properties(0).total_memory
+            rec["device"], rec["total_bytes"] = torch.cuda.get_device_name(), total
+            if job.get("cap_bytes"):
+                torch.cuda.set_per_process_memory_fraction(min(job["cap_bytes"] / total, 1.0), 0)
+                rec["cap_applied"] = True
+            torch.cuda.reset_peak_memory_stats()
+            if job.get("history"):
+                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                         max_entries=5_000_000)
+        rec["phase"] = "load"
+        if not zero3:
+            with torch.device(device):
+                model = model_cls(cfg)
+        else:
+            import deepspeed
+
+            for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+                os.environ.setdefault(k, v)
+            if "MASTER_PORT" not in os.environ:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+            zero = {"stage": 3}
+            if c["path"] == "zero3-offload":
+                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+            config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero,
+                      "steps_per_print": 10**9}
+            with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
+                model = model_cls(cfg)
+            engine = deepspeed.initialize(model=model, config=config)[0]
+            model = engine.module
+        model.eval()
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, cfg.vocab_size, (B, S), generator=g).to(device)
+        mask = torch.ones_like(ids)
+        for phase in ("warmup", "timed"):
+            rec["phase"] = phase
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T,
+                                     do_sample=False, pad_token_id=0)
+            if cuda:
+                torch.cuda.synchronize()
+            assert out.shape == (B, S + T), out.shape
+            rec[f"{phase}_s"] = time.perf_counter() - t0
+        rec.update(ok=True, observed="fits", phase="done")
+    except Exception as exc:  # noqa: BLE001 -- out of memory is an answer; anything else is recorded
+        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+        rec["observed"] = "oom" if oom else "error"
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        if not oom:
+            rec["traceback"] = traceback.format_exc()[-2000:]
+    if cuda:
+        rec["peak_allocated"] = torch.cuda.max_memory_allocated()
+        rec["peak_reserved"] = torch.cuda.max_memory_reserved()
+        st = torch.cuda.memory_stats()
+        rec["alloc_retries"], rec["num_ooms"] = st.get("num_alloc_retries"), st.get("num_ooms")
+        free, total = torch.cuda.mem_get_info()
+        rec["outside_measured"] = total - free - torch.cuda.memory_reserved()
+        if job.get("history"):
+            rec["history_file"] = _write_history(torch, rec_path.parent, job["id"])
+    rec["wall_s"] = time.time() - rec["started"]
+    rec_path.write_text(json.dumps(rec))
+    if engine is not None:
+        try:
+            engine.destroy()
+        except Exception:  # noqa: BLE001
+            pass
+    return 0
+
+
+def _write_history(torch, where: Path, jid: str) -> str:
+    """The allocator's events as gzipped JSON lines ``[action, addr, size, stream]`` (as bench/speed/case.py)."""
+    import gzip
+
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    name = f"hist-{jid}.jsonl.gz"
+    with gzip.open(where / name, "wt") as fh:
+        for e in snap["device_traces"][0]:
+            fh.write(json.dumps([e["action"], e.get("addr"), e.get("size"), e.get("stream")]) + "\n")
+    return name
+
+
+# ------------------------------------------------------------------------------------------ the driver
+
+class Lane:
+    """Runs one job at a time; the next one imports meanwhile and waits for its go file."""
+
+    def __init__(self, name: str):
+        self.name, self.current, self.next = name, None, None
+
+    def busy(self) -> bool:
+        return self.current is not None
+
+
+def spawn(job: dict, out: Path, models: Path) -> dict:
+    jobs = out / "jobs"
+    jobs.mkdir(exist_ok=True)
+    go = jobs / f"{job['id']}.go"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "4")
+    if not _cuda_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(job), "--models", str(models),
+           "--record", str(jobs / f"{job['id']}.json"), "--go", str(go)]
+    logf = open(jobs / f"{job['id']}.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    return {"job": job, "proc": proc, "go": go, "log": logf, "t0": None}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def run_phase(jobs: list, lanes: int, out: Path, models: Path, deadline: float, finish) -> list:
+    """Run ``jobs`` over ``lanes`` lanes; ``finish(job, record)`` after each. Returns the jobs not started."""
+    queue = list(jobs)
+    pool = [Lane(f"lane{i}") for i in range(lanes)]
+    while True:
+        now = time.time()
+        for lane in pool:
+            cur = lane.current
+            if cur is not None:
+                over = now - cur["t0"] > JOB_TIMEOUT_S or now > deadline + 25
+                if cur["proc"].poll() is None and over:
+                    _kill(cur["proc"])
+                if cur["proc"].poll() is not None:
+                    cur["log"].close()
+                    finish(cur["job"], _record_of(cur, out))
+                    lane.current = None
+            if lane.current is None and lane.next is not None and now < deadline:
+                lane.current, lane.next = lane.next, None
+                lane.current["go"].write_text(str(sum(lane2.busy() for lane2 in pool)))
+                lane.current["t0"] = time.time()
+            if lane.next is None and queue and now < deadline:
+                lane.next = spawn(queue.pop(0), out, models)
+        if not any(lane.current or lane.next for lane in pool) or (now > deadline and not any(lane.current for lane in pool)):
+            break
+        time.sleep(0.1)
+    for lane in pool:  # waiting workers that never got their go
+        if lane.next is not None:
+            _kill(lane.next["proc"])
+            lane.next["log"].close()
+            queue.insert(0, lane.next["job"])
+    return queue
+
+
+def _kill(proc) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _record_of(cur: dict, out: Path) -> dict:
+    path = out / "jobs" / f"{cur['job']['id']}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"id": cur["job"]["id"], "ok": False, "observed": "error", "phase": "killed",
+            "error": f"worker exited {cur['proc'].returncode} without a record (timed out or crashed)"}
+
+
+def jobs_for(cases: list, preds: dict, delta: float, cuda: bool) -> tuple[list, list]:
+    """(capped jobs, uncapped jobs): below and above per case, interleaved so a budget cut loses whole cases."""
+    capped, uncapped = [], []
+    for c in cases:
+        caps = caps_for(preds[c["id"]], delta)
+        for side in ("above", "below"):
+            capped.append({"id": f"{c['id']}-{side}", "case": c, "cap": side, **caps[side]} if cuda else
+                          {"id": f"{c['id']}-{side}", "case": c, "cap": side, "emulated_gpu_bytes": None,
+                           "cap_bytes": None})
+        if c.get("measure"):
+            uncapped.append({"id": f"{c['id']}-uncapped", "case": c, "cap": "none", "cap_bytes": None,
+                             "emulated_gpu_bytes": None, "history": cuda})
+    return capped, uncapped
+
+
+def row_of(job: dict, rec: dict, pred: dict) -> dict:
+    predicted = None if job["cap"] == "none" else job["cap"] == "above"
+    return {**rec, "id": job["id"], "case": job["case"], "cap": job["cap"], "cap_bytes": job.get("cap_bytes"),
+            "emulated_gpu_bytes": job.get("emulated_gpu_bytes"), "plan": pred, "predicted_fits": predicted,
+            "observed_fits": {"fits": True, "oom": False}.get(rec.get("observed")),
+            "right": None if predicted is None or rec.get("observed") not in ("fits", "oom") or not rec.get("cap_applied")
+            else predicted == (rec["observed"] == "fits")}
+
+
+def _gib(n) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f}"
+
+
+def results(rows: list, device: str, command: str) -> tuple[str, dict]:
+    """The table: one line per case, its capped runs and its uncapped measurement."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["case"]["id"], {})[r["cap"]] = r
+    lines = [f"Device: {device}. Command: `{command}`.\n",
+             "| case | path | batch x prompt + new | plan allocated / reserved / line GiB | GPU just above (cap) | "
+             "observed | GPU just below (cap) | observed | uncapped, alone: allocated / reserved GiB, outside |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(r):
+        if r is None:
+            return "-", "not run"
+        what = {"fits": "fits", "oom": f"OOM ({r.get('phase')})", "error": "error"}.get(r.get("observed"), "?")
+        if r.get("alloc_retries"):
+            what += f", {r['alloc_retries']} retries"
+        if r.get("right") is False:
+            what = f"**{what}** (plan: {'fits' if r['predicted_fits'] else 'OOM'})"
+        return f"{_gib(r.get('emulated_gpu_bytes'))} ({_gib(r.get('cap_bytes'))})", what
+
+    for runs in by.values():
+        c = next(iter(runs.values()))["case"]
+        pred = next(iter(runs.values()))["plan"]
+        a_cap, a_obs = cell(runs.get("above"))
+        b_cap, b_obs = cell(runs.get("below"))
+        u = runs.get("none")
+        meas = "-" if u is None or not u.get("ok") else (
+            f"{_gib(u.get('peak_allocated'))} / {_gib(u.get('peak_reserved'))}, {_gib(u.get('outside_measured'))}")
+        lines.append(f"| {c['model']} | {c['path']} | {c['batch']} x {c['prompt_len']} + {c['new_tokens']} | "
+                     f"{_gib(pred['allocated'])} / {_gib(pred['reserved'])} / {_gib(pred['line'])} | {a_cap} | "
+                     f"{a_obs} | {b_cap} | {b_obs} | {meas} |")
+    judged = [r for r in rows if r.get("right") is not None]
+    right = sum(r["right"] for r in judged)
+    summary = {"capped_runs": len(judged), "right": right, "wrong": [r["id"] for r in judged if not r["right"]],
+               "errors": [r["id"] for r in rows if r.get("observed") == "error"]}
+    lines.append(f"\nplan's fit / out-of-memory verdict right on {right} of {len(judged)} capped runs"
+                 + (f"; wrong: {', '.join(summary['wrong'])}" if summary["wrong"] else "")
+                 + (f"; errors: {', '.join(summary['errors'])}" if summary["errors"] else "") + ".")
+    return "\n".join(lines) + "\n", summary
+
+
+def save(out: Path, rows: list, device: str, command: str) -> dict:
+    with open(out / "raw.jsonl", "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    md, summary = results(rows, device, command)
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps({"device": device, "command": command, "summary": summary,
+                                                  "rows": rows}, indent=1))
+    with tarfile.open(out / "edge-run.tar.gz", "w:gz") as tar:
+        for f in sorted((out / "jobs").glob("*")) if (out / "jobs").is_dir() else []:
+            if f.suffix in (".log", ".gz", ".json"):
+                tar.add(f, arcname=f"jobs/{f.name}")
+        tar.add(out / "raw.jsonl", arcname="raw.jsonl")
+    return summary
+
+
+def measure(a) -> int:
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    cuda = _cuda_available()
+    models, cases = (TINY_MODELS, TINY_CASES) if a.tiny else (MODELS, CASES)
+    if a.only:
+        keys = a.only.split(",")
+        cases = [c for c in cases if any(k in c["id"] for k in keys)]
+    models_dir = write_models(out, models)
+    device = "CPU (no caps)"
+    gpu_name = None
+    if cuda:
+        import torch
+
+        gpu_name = torch.cuda.get_device_name(0)
+        device = f"1 x {gpu_name} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"
+    preds = {}
+    for c in cases:
+        preds[c["id"]] = predict(models_dir, c, gpu_name)
+        log(f"plan {c['id']}: reserved {_gib(preds[c['id']]['reserved'])} GiB, line {_gib(preds[c['id']]['line'])} GiB")
+    capped, uncapped = jobs_for(cases, preds, a.delta, cuda)
+    rows: list = []
+    command = " ".join(["python3", "bench/plan/edge_gpu.py", *sys.argv[1:]])
+
+    def finish(job, rec):
+        row = row_of(job, rec, preds[job["case"]["id"]])
+        rows.append(row)
+        save(out, rows, device, command)
+        print(json.dumps({k: row.get(k) for k in ("id", "cap", "cap_bytes", "predicted_fits", "observed", "phase",
+                                                  "right", "peak_allocated", "peak_reserved", "alloc_retries",
+                                                  "outside_measured", "wall_s", "concurrent", "error")}), flush=True)
+        log(f"{job['id']}: {rec.get('observed')} ({rec.get('phase')}) in {rec.get('wall_s', 0):.1f} s")
+
+    deadline = start + a.budget_s
+    left = run_phase(capped, a.lanes, out, models_dir, deadline - 0.3 * a.budget_s * bool(uncapped), finish)
+    left += run_phase(uncapped, 1, out, models_dir, deadline, finish)
+    left += run_phase(left, a.lanes, out, models_dir, deadline, finish) if time.time() < deadline else []
+    for job in left:
+        log(f"{job['id']}: not started (budget)")
+    summary = save(out, rows, device, command)
+    print(json.dumps({"device": device, "elapsed_s": round(time.time() - start), "runs": len(rows),
+                      "not_started": len(left), **summary}), flush=True)
+    return 0
+
+
+def reestimate(a) -> int:
+    """Plan again, with the current code, for recorded runs: is its verdict right at the recorded caps?"""
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models_dir = write_models(out, {**MODELS, **TINY_MODELS})
+    recs = []
+    for f in a.reestimate:
+        f = Path(f)
+        if f.name.endswith(".tar.gz"):
+            with tarfile.open(f) as tar:
+                text = tar.extractfile("raw.jsonl").read().decode()
+        else:
+            text = f.read_text()
+        recs += [json.loads(line) for line in text.splitlines() if line.strip()]
+    preds: dict = {}
+    rows = []
+    for r in recs:
+        c = r["case"]
+        if c["id"] not in preds:
+            preds[c["id"]] = predict(models_dir, c, "H200")
+        pred = preds[c["id"]]
+        job = {"id": r["id"], "case": c, "cap": r["cap"], "cap_bytes": r.get("cap_bytes"),
+               "emulated_gpu_bytes": r.get("emulated_gpu_bytes")}
+        row = row_of(job, r, pred)
+        if r["cap"] != "none" and r.get("emulated_gpu_bytes"):  # the same emulated GPU, plan's new line
+            row["predicted_fits"] = pred["line"] <= r["emulated_gpu_bytes"]
+            row["right"] = (None if r.get("observed") not in ("fits", "oom") or not r.get("cap_applied")
+                            else row["predicted_fits"] == (r["observed"] == "fits"))
+        rows.append(row)
+    md, summary = results(rows, "recorded GPU, re-estimated", " ".join(["python3", "bench/plan/edge_gpu.py",
+                                                                         *sys.argv[1:]]))
+    (out / "results-reestimate.md").write_text(md)
+    (out / "results-reestimate.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(md)
+    print(json.dumps(summary))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=330)
+    ap.add_argument("--lanes", type=int, default=3)
+    ap.add_argument("--delta", type=float, default=DELTA)
+    ap.add_argument("--only", default=None)
+    ap.add_argument("--reestimate", nargs="+", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--models", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--record", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--go", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(json.loads(a.worker), Path(a.models), Path(a.record), Path(a.go) if a.go else None)
+    if not a.out:
+        ap.error("OUT_DIR is required")
+    return reestimate(a) if a.reestimate else measure(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
