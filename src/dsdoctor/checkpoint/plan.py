@@ -8,6 +8,7 @@ from __future__ import annotations
 from dsdoctor.checkpoint import unpickle
 from dsdoctor.checkpoint.layout import Layout, missing_names
 from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
+from dsdoctor.checkpoint.provenance import check_one_save
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.checkpoint.zero3 import plan_zero3
 from dsdoctor.checkpoint.zero12 import plan_zero12
@@ -16,9 +17,10 @@ from dsdoctor.errors import InputError, printable
 
 def read_states(layout: Layout) -> States:
     model = [unpickle.load(p) for p in layout.model_files]
-    optim = []
+    optim, tops = [], []
     for p in layout.optim_files:
         sd = unpickle.load(p)
+        tops.append(sd if isinstance(sd, dict) else {})
         osd = sd.get("optimizer_state_dict") if isinstance(sd, dict) else None
         if not isinstance(osd, dict) or "zero_stage" not in osd:
             raise InputError("not a ZeRO optimizer checkpoint (no optimizer_state_dict.zero_stage)", path=p)
@@ -29,7 +31,7 @@ def read_states(layout: Layout) -> States:
         if not sd.get("param_shapes"):
             raise InputError("no param_shapes: saved without an optimizer, so the flat partitions cannot be "
                              "mapped back to parameters", path=p)
-    return States(layout, model, optim)
+    return States(layout, model, optim, tops)
 
 
 def check_world_size(states: States) -> int:
@@ -64,6 +66,7 @@ def check_world_size(states: States) -> int:
 
 def build_plan(states: States) -> MergePlan:
     world = check_world_size(states)
+    check_one_save(states)  # every rank file from one save: the odd one is named
     stage = int(states.optim[0]["zero_stage"])
     if stage == 3:
         planner = plan_zero3

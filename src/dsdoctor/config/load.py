@@ -97,9 +97,9 @@ def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
         raise InputError(f"expected a config path or a dict, not {type(source).__name__}")
     path = Path(source)
     text = read_text(path)
-    if looks_like_command(text) and not text.lstrip().startswith(("{", "[")):
+    if not text.lstrip().startswith(("{", "[")) and looks_like_command(text):
         return from_command(path, text)
-    data, kind = _parse_file(path)
+    data, kind = _parse_file(path, text)
     if kind == "yaml":
         return _from_yaml(path, data)
     if is_trainer_args(data):
@@ -141,8 +141,8 @@ def read_text(path: Path) -> str:
     return text
 
 
-def _parse_file(path: Path) -> tuple[Any, str]:
-    text = read_text(path)
+def _parse_file(path: Path, text: str | None = None) -> tuple[Any, str]:
+    text = read_text(path) if text is None else text
     looks_yaml = path.suffix.lower() in YAML_SUFFIXES or not text.lstrip().startswith(("{", "[", "//", "#", "/*"))
     if looks_yaml:
         _bound_slow_parse(text, path, "YAML")
@@ -178,6 +178,7 @@ def _strict(loads, text: str, path: Path):
 
 
 def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+    door.json_bound(text, path, door.DS_CONFIG)  # before json.loads builds millions of objects
     try:
         return _strict(json.loads, text, path), "json"
     except ValueError as first:
@@ -529,12 +530,25 @@ _LAUNCHERS = ("deepspeed", "torchrun", "accelerate", "python", "python3", "swift
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
+_LAUNCHER_IN_LINE = re.compile("|".join(map(re.escape, _LAUNCHERS)))
+
+
 def _command_tokens(text: str) -> list[str]:
     """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
-    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped)."""
+    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped).
+
+    ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so only lines that
+    name a launcher at all are split, and only as many of their bytes as a YAML file may hold in all: any
+    file's cost stays bounded (a real launch script is a few KiB)."""
     import shlex
 
+    budget = door.DS_CONFIG.slow_parse_bytes
     for line in text.replace("\\\n", " ").splitlines():
+        if not _LAUNCHER_IN_LINE.search(line):
+            continue
+        budget -= len(line)
+        if budget < 0:
+            return []
         try:
             tokens = shlex.split(line, comments=True)
         except ValueError:  # unbalanced quotes: not a command line
