@@ -34,13 +34,18 @@ def read_states(layout: Layout) -> States:
     return States(layout, model, optim, tops)
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
+
+
 def check_world_size(states: States) -> int:
     """World size from partition_count, the same in every file and equal to the number of rank files."""
     sizes = []
     for p, osd in zip(states.layout.optim_files, states.optim):
         pc = osd.get("partition_count")
-        pc = max(pc) if isinstance(pc, (list, tuple)) else pc
-        if not isinstance(pc, int) or isinstance(pc, bool) or not 1 <= pc <= 1_000_000:
+        if isinstance(pc, (list, tuple)):  # one count per parameter group (MoE expert groups may differ)
+            pc = max(pc) if pc and all(_count(x) for x in pc) else pc
+        if not _count(pc):
             raise InputError(f"invalid partition_count {short_repr(pc)}", path=p)
         sizes.append((p, pc))
     distinct = sorted({pc for _, pc in sizes})
@@ -58,6 +63,10 @@ def check_world_size(states: States) -> int:
         raise InputError(f"{kind} rank files: saved by {world} ranks (partition_count) but {have} "
                          f"optim-states files are present{named}", path=states.layout.tag_dir,
                          hint="a rank failed to save or files from another run were copied in")
+    for p, osd in zip(states.layout.optim_files, states.optim):
+        stage = osd["zero_stage"]
+        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage <= 3:
+            raise InputError(f"invalid zero_stage {short_repr(stage)}", path=p)
     stages = {int(osd["zero_stage"]) for osd in states.optim}
     if len(stages) > 1:
         raise InputError(f"optim-states files of different ZeRO stages {sorted(stages)}", path=states.layout.tag_dir)

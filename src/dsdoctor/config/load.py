@@ -309,17 +309,32 @@ def _parse_yaml(text: str, path: Path) -> Any:
         raise InputError(f"invalid YAML{where}: {problem}", path=path) from None
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+_YAML_TYPES = {"date": "a date", "datetime": "a date and time", "set": "a set", "frozenset": "a set",
+               "bytes": "binary data", "bytearray": "binary data"}
+
+
 def _check_keys_are_strings(data, path):
-    stack = [data]
+    """Every key a string and every value one JSON can hold (a DeepSpeed config is JSON: YAML's dates, sets
+    and binary values would end ``split``'s output, or DeepSpeed, in an error); the key is named."""
+    stack = [(data, "")]
     while stack:
-        node = stack.pop()
+        node, where = stack.pop()
         if isinstance(node, dict):
             for k, v in node.items():
                 if not isinstance(k, str):
-                    raise InputError(f"key {k!r} is not a string", path=path)
-                stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(node)
+                    raise InputError(f"key {printable(repr(k))[:80]}{_at(where)} is not a string", path=path)
+                stack.append((v, f"{where}.{k}" if where else k))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+        elif not isinstance(node, _JSON_SCALARS):
+            what = _YAML_TYPES.get(type(node).__name__, f"a {type(node).__name__}")
+            raise InputError(f"{printable(where) or 'the value'} is {what}; a DeepSpeed config holds only JSON "
+                             "values (strings, numbers, true/false, null, lists, objects): quote it", path=path)
+
+
+def _at(where: str) -> str:
+    return f" in {printable(where)}" if where else ""
 
 
 def _plain(node):

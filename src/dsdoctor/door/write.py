@@ -219,8 +219,11 @@ def output_lock(target: Path):
             continue
         break
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise as_input_error(exc, lock) from None
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -232,7 +235,9 @@ def output_lock(target: Path):
 
 def as_input_error(exc: OSError, target: Path) -> InputError:
     what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EROFS: "read-only file system"}.get(exc.errno, exc.strerror or str(exc))
+            errno.EROFS: "read-only file system",
+            errno.EFBIG: "file too large for this process's file-size limit (ulimit -f)"}.get(
+        exc.errno, exc.strerror or str(exc))
     return InputError(f"cannot write the output: {what}", path=exc.filename or target,
                       hint="nothing was left behind" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None)
 
