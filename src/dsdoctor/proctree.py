@@ -209,6 +209,10 @@ def _raise_stop(signum, frame):
     raise _Stop(signum)
 
 
+_ACTIVE: list[ContainedRun] = []  # the runs now open in this process (their roots are never another run's orphans)
+_ACTIVE_LOCK = threading.Lock()
+
+
 class ContainedRun:
     """See ``contained_run``. ``env(base)`` is the environment to launch with; ``adopt(proc)`` names the
     launched root (its tree is ended first, parents before children)."""
@@ -222,6 +226,18 @@ class ContainedRun:
         self._was_subreaper = False
         self._shm_before: set[str] = set()
         self._known: set[int] = set()  # every pid seen as a member (a zombie no longer shows its tag)
+        self._children_before: set[int] = set()  # this process's children when the run began: not the run's
+
+    def _orphans(self, children: dict[int, list[int]]) -> list[int]:
+        """Children of this process that it did not start itself: while it is the child subreaper, those are
+        processes of the run re-parented to it (a double-forked daemon that cleared its environment too).
+        Children it had before the run and the roots of other open runs are not the run's."""
+        with _ACTIVE_LOCK:
+            others = {p.pid for run in _ACTIVE if run is not self for p in run.roots}
+            others |= {pid for run in _ACTIVE if run is not self for pid in run._known}
+        mine = {p.pid for p in self.roots}
+        return [c for c in children.get(os.getpid(), [])
+                if c not in mine and c not in others and c not in self._children_before]
 
     def env(self, base: dict | None = None) -> dict:
         env = dict(os.environ if base is None else base)
@@ -237,8 +253,8 @@ class ContainedRun:
         children = _children_map()
         seeds = [p.pid for p in self.roots] + tagged(self.tag)
         me = os.getpid()
-        if _is_subreaper():  # orphans of the run were re-parented to us
-            seeds += [c for c in children.get(me, []) if c not in seeds and (c in self._known or _has_tag(c, self.tag))]
+        if _is_subreaper():  # orphans of the run were re-parented to us, tagged or not
+            seeds += [c for c in self._orphans(children) if c not in seeds]
         out, todo = [], list(dict.fromkeys(seeds))
         seen = set()
         while todo:
@@ -279,10 +295,7 @@ class ContainedRun:
 
     def _reap(self) -> None:
         """Collect the exit status of orphans re-parented to us (never of a Popen we manage)."""
-        mine = {p.pid for p in self.roots}
-        for pid in _children_map().get(os.getpid(), []):
-            if pid in mine or (pid not in self._known and not _has_tag(pid, self.tag)):
-                continue
+        for pid in self._orphans(_children_map()):
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -293,6 +306,9 @@ class ContainedRun:
 
     def __enter__(self):
         self._shm_before = deepspeed_shm_files()
+        self._children_before = set(_children_map().get(os.getpid(), []))
+        with _ACTIVE_LOCK:
+            _ACTIVE.append(self)
         self._was_subreaper = _is_subreaper()
         if not self._was_subreaper:
             _prctl(_PR_SET_CHILD_SUBREAPER, 1)
@@ -319,14 +335,11 @@ class ContainedRun:
             if not self._was_subreaper:
                 _prctl(_PR_SET_CHILD_SUBREAPER, 0)
                 self._reap()
+            with _ACTIVE_LOCK:
+                if self in _ACTIVE:
+                    _ACTIVE.remove(self)
             unlink_leaked_deepspeed_shm(deepspeed_shm_files() - self._shm_before)
         return False
-
-
-def _has_tag(pid: int, tag: str) -> bool:
-    """Whether ``pid`` carries the run's tag (a zombie's environment reads empty: False)."""
-    environ = door.read_proc(f"/proc/{pid}/environ")
-    return bool(environ) and f"{RUN_TAG_VAR}={tag}".encode() in environ.split(b"\0")
 
 
 def free_port() -> int:

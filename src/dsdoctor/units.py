@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, printable
 
 _UNITS = {
     "": 1, "b": 1,
@@ -12,15 +12,22 @@ _UNITS = {
 }
 
 
+MAX_BYTES = 2**60  # 1 EiB: past any memory, disk or bandwidth a flag could describe
+
+
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         if text < 0:
             raise InputError(f"{what} must not be negative: {text}")
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise InputError(f"{what} {text!r} is not a size like 80GiB, 80GB or 5e9")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        value = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise InputError(f"{what} {printable(repr(text))[:60]} is not a size like 80GiB, 80GB or 5e9")
+        value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not value <= MAX_BYTES:  # 1e400 reads as infinity, NaN compares false
+        raise InputError(f"{what} {printable(str(text))[:60]} is larger than any machine has ({MAX_BYTES} bytes)")
+    return int(value)
 
 
 def human_bytes(n: float | int | None) -> str:

@@ -209,3 +209,55 @@ def test_sigterm_to_a_real_compare_ends_launcher_and_ranks_and_frees_their_shm(t
             dsd.communicate()
         if port:
             proctree.unlink_leaked_deepspeed_shm(proctree.deepspeed_shm_files(port))
+
+
+# ---------------------------------------------------------------------------- daemons that drop the run's tag
+
+@pytest.mark.process
+@pytest.mark.parametrize("command", [
+    ("trace", "-o", "{out}"),
+    ("diagnose", "--out", "{out}"),
+    ("ab", "--variants", "as-is", "-o", "{out}"),
+], ids=["trace", "diagnose", "ab"])
+def test_a_daemon_that_clears_its_environment_ends_with_the_run(tmp_path, command):
+    """The sleeper execs with an empty environment: the run's tag cannot find it, only the child subreaper
+    (dsdoctor) it was re-parented to. It once survived trace, diagnose and ab."""
+    pid_file = tmp_path / "daemon.pid"
+    args = [a.format(out=tmp_path / "out") for a in command]
+    proc = run_cli(*args, "--", sys.executable, DOUBLE_FORK, pid_file, "--untagged", timeout=WAIT_S * 4)
+    daemon = int(pid_file.read_text())
+    try:
+        assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        _wait_for(lambda: _gone(daemon), f"the untagged daemon {daemon} ends")
+    finally:
+        _cleanup([daemon])
+
+
+@pytest.mark.process
+def test_contained_run_library_ends_an_untagged_orphan_and_spares_other_children(tmp_path):
+    """In the library: an orphan of the run is ended although it carries no tag; a child this process
+    started before the run, and the root of another open run, are left alone."""
+    pid_file = tmp_path / "daemon.pid"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        with proctree.contained_run() as other:
+            other_root = other.adopt(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                                                      env=other.env(_env())))
+            with proctree.contained_run() as run:
+                proc = run.adopt(subprocess.Popen([sys.executable, DOUBLE_FORK, pid_file, "--untagged"],
+                                                  env=run.env(_env()), stdout=subprocess.DEVNULL))
+                proc.wait(timeout=WAIT_S)
+                _wait_for(pid_file.exists, "the daemon starts")
+                daemon = int(pid_file.read_text())
+                assert daemon not in proctree.tagged(run.tag)
+                _wait_for(lambda: daemon in run.members(), "the orphan is found")
+                assert bystander.pid not in run.members() and other_root.pid not in run.members()
+            try:
+                _wait_for(lambda: _gone(daemon), "the orphan ends with its run")
+            finally:
+                _cleanup([daemon])
+            assert bystander.poll() is None and other_root.poll() is None  # not theirs to end
+        assert other_root.poll() is not None  # ended with its own run
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -57,6 +57,10 @@ FIGURES = {
     "cpu_matmul_flops": ("FLOP/s", "fp32 matmul on the CPU"),
 }
 
+# what a measurement of real hardware can be, per unit: a figure outside is a damaged or crafted profile (a
+# bandwidth of 0 or 1e-300 B/s would make every plan divide by it)
+PLAUSIBLE = {"B/s": (1e5, 1e16), "s": (0.0, 3600.0), "FLOP/s": (1e6, 1e19), "B": (0.0, 2.0**50)}
+
 
 def machine_description(gpus=None) -> dict:
     """What the fingerprint hashes: hardware only, read without torch."""
@@ -128,8 +132,10 @@ class MachineProfile:
                 continue  # a newer dsdoctor's figure: ignore, do not fail
             if v is None:
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
-                raise InputError(f"{where}: measured.{k} must be a non-negative number, not {v!r}")
+            low, high = PLAUSIBLE[FIGURES[k][0]]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high:
+                raise InputError(f"{where}: measured.{k} must be a number from {low:g} to {high:g} "
+                                 f"{FIGURES[k][0]}, not {one_line(repr(v), 40)}")
             clean[k] = float(v)
         not_measured = d.get("not_measured") or {}
         if not isinstance(not_measured, dict):
@@ -148,6 +154,7 @@ def load_profile(path) -> MachineProfile:
     ``/dev/zero`` is refused at once), UTF-8 JSON of bounded depth, in the profile schema."""
     p = Path(path)
     text = door.read_text(p, door.MACHINE_PROFILE)
+    door.json_bound(text, p, door.MACHINE_PROFILE)
     try:
         data = json.loads(text)
     except ValueError as exc:

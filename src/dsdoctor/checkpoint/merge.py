@@ -127,8 +127,10 @@ def _config_dir(model, root: Path) -> tuple[Path | None, list[Path]]:
 def _read_config(d: Path | None) -> dict:
     if d is None:
         return {}
+    blob = door.read_bytes(d / "config.json", door.MODEL_CONFIG)
+    door.json_bound(blob, d / "config.json", door.MODEL_CONFIG)
     try:
-        cfg = json.loads(door.read_bytes(d / "config.json", door.MODEL_CONFIG).decode("utf-8"))
+        cfg = json.loads(blob.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise InputError(f"cannot read config.json: {printable(exc)}", path=d / "config.json") from None
     if not isinstance(cfg, dict):
@@ -217,7 +219,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
                 findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
             else:
                 to_copy.append(src)
-                total += door.require_regular(src, door.MODEL_FILE).stat().st_size  # bounded before any write
+                total += door.copy_size(src, door.MODEL_FILE)  # bounded, not sparse: checked before any write
     no_crc = sorted({str(p.ref.path) for t in plan.tensors for p in t.pieces if p.ref.record_crc is None})
     if no_crc:
         findings.append(Finding("DSD416", {"count": len(no_crc), "files": ", ".join(Path(f).name for f in no_crc[:3])

@@ -44,6 +44,7 @@ class States:
     layout: Layout
     model: list[dict]
     optim: list[dict]  # optimizer_state_dict of each rank
+    optim_tops: list[dict] = field(default_factory=list)  # each optim file's whole dict (ds_version, ds_config)
 
 
 def split_range(chunks: list[TensorRef], start: int, count: int) -> list[Piece]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dsdoctor.checkpoint import unpickle
 from dsdoctor.checkpoint.layout import Layout, missing_names
 from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
+from dsdoctor.checkpoint.provenance import check_one_save
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.checkpoint.zero3 import plan_zero3
 from dsdoctor.checkpoint.zero12 import plan_zero12
@@ -16,9 +17,10 @@ from dsdoctor.errors import InputError, printable
 
 def read_states(layout: Layout) -> States:
     model = [unpickle.load(p) for p in layout.model_files]
-    optim = []
+    optim, tops = [], []
     for p in layout.optim_files:
         sd = unpickle.load(p)
+        tops.append(sd if isinstance(sd, dict) else {})
         osd = sd.get("optimizer_state_dict") if isinstance(sd, dict) else None
         if not isinstance(osd, dict) or "zero_stage" not in osd:
             raise InputError("not a ZeRO optimizer checkpoint (no optimizer_state_dict.zero_stage)", path=p)
@@ -29,7 +31,11 @@ def read_states(layout: Layout) -> States:
         if not sd.get("param_shapes"):
             raise InputError("no param_shapes: saved without an optimizer, so the flat partitions cannot be "
                              "mapped back to parameters", path=p)
-    return States(layout, model, optim)
+    return States(layout, model, optim, tops)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 1_000_000
 
 
 def check_world_size(states: States) -> int:
@@ -37,8 +43,9 @@ def check_world_size(states: States) -> int:
     sizes = []
     for p, osd in zip(states.layout.optim_files, states.optim):
         pc = osd.get("partition_count")
-        pc = max(pc) if isinstance(pc, (list, tuple)) else pc
-        if not isinstance(pc, int) or isinstance(pc, bool) or not 1 <= pc <= 1_000_000:
+        if isinstance(pc, (list, tuple)):  # one count per parameter group (MoE expert groups may differ)
+            pc = max(pc) if pc and all(_count(x) for x in pc) else pc
+        if not _count(pc):
             raise InputError(f"invalid partition_count {short_repr(pc)}", path=p)
         sizes.append((p, pc))
     distinct = sorted({pc for _, pc in sizes})
@@ -56,6 +63,10 @@ def check_world_size(states: States) -> int:
         raise InputError(f"{kind} rank files: saved by {world} ranks (partition_count) but {have} "
                          f"optim-states files are present{named}", path=states.layout.tag_dir,
                          hint="a rank failed to save or files from another run were copied in")
+    for p, osd in zip(states.layout.optim_files, states.optim):
+        stage = osd["zero_stage"]
+        if not isinstance(stage, int) or isinstance(stage, bool) or not 0 <= stage <= 3:
+            raise InputError(f"invalid zero_stage {short_repr(stage)}", path=p)
     stages = {int(osd["zero_stage"]) for osd in states.optim}
     if len(stages) > 1:
         raise InputError(f"optim-states files of different ZeRO stages {sorted(stages)}", path=states.layout.tag_dir)
@@ -64,6 +75,7 @@ def check_world_size(states: States) -> int:
 
 def build_plan(states: States) -> MergePlan:
     world = check_world_size(states)
+    check_one_save(states)  # every rank file from one save: the odd one is named
     stage = int(states.optim[0]["zero_stage"])
     if stage == 3:
         planner = plan_zero3

@@ -277,95 +277,227 @@ class PickleBomb(Exception):
     pass
 
 
+MAX_OPS = 10_000_000  # pickle opcodes; a real rank file's data.pkl has about ten per tensor name
 _POP_TO_MARK_NEW = {"TUPLE", "LIST", "DICT", "FROZENSET", "OBJ", "INST"}
 _POP_TO_MARK_INTO = {"APPENDS", "SETITEMS", "ADDITEMS"}
 _NEW_FROM = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "BINPERSID": 1, "STACK_GLOBAL": 2, "REDUCE": 2,
              "NEWOBJ": 2, "NEWOBJ_EX": 3}
+_MEMO_PUT = {"PUT", "BINPUT", "LONG_BINPUT"}
+_MEMO_GET = {"GET", "BINGET", "LONG_BINGET"}
+
+# what prescan does per opcode (small ints: the scan loop compares them, the fastest dispatch in Python)
+(_STOP, _MARK, _SKIP, _POP, _POP_MARK, _DUP, _PUT, _MEMOIZE, _GET, _NEW_MARK, _NEW_N, _INTO_MARK, _ADD_ONE,
+ _ADD_TWO, _CONST, _REFUSE) = range(16)
+# how its argument is laid out: (kind, size); kind 0 fixed size, 1 one line, 2 two lines, 3 a length of
+# ``size`` bytes (unsigned) then that many bytes, 4 a signed 4-byte length then that many bytes
+_FIXED, _LINE, _TWO_LINES, _COUNTED, _COUNTED_SIGNED = range(5)
+
+
+def _opcode_table() -> list:  # noqa: C901,PLR0912 (one branch per opcode family, a table built once)
+    """code byte -> (name, action, argument kind, argument size, [n popped]), from pickletools' own
+    description of every opcode (so the scan parses exactly what the unpickler parses)."""
+    table: list = [None] * 256
+    for op in pickletools.opcodes:
+        name, arg = op.name, op.arg
+        if arg is None:
+            layout = (_FIXED, 0)
+        elif arg.n >= 0:
+            layout = (_FIXED, arg.n)
+        elif arg.n == pickletools.UP_TO_NEWLINE:
+            layout = (_TWO_LINES, 0) if arg.name == "stringnl_noescape_pair" else (_LINE, 0)
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT1:
+            layout = (_COUNTED, 1)
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT4:
+            layout = (_COUNTED_SIGNED, 4)
+        elif arg.n == pickletools.TAKEN_FROM_ARGUMENT4U:
+            layout = (_COUNTED, 4)
+        else:  # TAKEN_FROM_ARGUMENT8U
+            layout = (_COUNTED, 8)
+        n = 0
+        if name == "STOP":
+            action = _STOP
+        elif name == "MARK":
+            action = _MARK
+        elif name in ("PROTO", "FRAME"):
+            action = _SKIP
+        elif name == "POP":
+            action = _POP
+        elif name == "POP_MARK":
+            action = _POP_MARK
+        elif name == "DUP":
+            action = _DUP
+        elif name in _MEMO_PUT:
+            action = _PUT
+        elif name == "MEMOIZE":
+            action = _MEMOIZE
+        elif name in _MEMO_GET:
+            action = _GET
+        elif name in _POP_TO_MARK_NEW:
+            action = _NEW_MARK
+        elif name in _NEW_FROM:
+            action, n = _NEW_N, _NEW_FROM[name]
+        elif name in _POP_TO_MARK_INTO:
+            action = _INTO_MARK
+        elif name in ("APPEND", "BUILD"):
+            action = _ADD_ONE
+        elif name == "SETITEM":
+            action = _ADD_TWO
+        elif not op.stack_before and len(op.stack_after) == 1:
+            action = _CONST  # a constant, an empty container, a global name
+        else:  # NEXT_BUFFER, READONLY_BUFFER: out-of-band buffers, never written by torch.save
+            action = _REFUSE
+        table[op.code.encode("latin-1")[0]] = (name, action, *layout, n)
+    return table
+
+
+_OPCODES = _opcode_table()
 
 
 def prescan(data: bytes) -> tuple[int, int, int]:  # noqa: C901,PLR0912,PLR0915
     """Check the object graph a pickle would build, without building it: (objects, tree size, depth).
 
     Every opcode is simulated on a stack of node numbers; memo GETs push the same node again (sharing),
-    appends and BUILD add children. Raises PickleBomb when the graph has more objects than
-    MAX_PICKLE_NODES, is cyclic, nests deeper than MAX_DEPTH, or expands (shared references counted as
-    copies, as a naive walk, hash or repr would visit them) past MAX_TREE_NODES."""
-    kids: list[list[int]] = []
+    appends and BUILD add children. Raises PickleBomb when the pickle has more than MAX_OPS opcodes, sets a
+    memo entry past the ones set so far (the unpickler would size its memo table by that index: 9 bytes ask
+    it for gigabytes), or when the graph has more objects than MAX_PICKLE_NODES, is cyclic, nests deeper
+    than MAX_DEPTH, or expands (shared references counted as copies, as a naive walk, hash or repr would
+    visit them) past MAX_TREE_NODES.
+
+    Time and memory are linear in the opcodes and bounded by MAX_OPS: the opcodes are decoded here from
+    pickletools' table, not by ``pickletools.genops`` (which builds an object per opcode: a flood of tiny
+    opcodes under the size bound took minutes)."""
+    kids: list = []  # node -> list of children, or None (a leaf: most nodes)
     stack: list[int] = []
     marks: list[int] = []
-    memo: dict = {}
+    memo: dict[int, int] = {}
+    table = _OPCODES
+    end = len(data)
+    pos = ops = 0
+    find = data.find
+    from_bytes = int.from_bytes
 
-    def new(children) -> int:
-        if len(kids) >= MAX_PICKLE_NODES:
-            raise PickleBomb(f"it builds more than {MAX_PICKLE_NODES} objects")
-        kids.append(list(children))
-        return len(kids) - 1
+    def bomb_nodes():
+        return PickleBomb(f"it builds more than {MAX_PICKLE_NODES} objects")
 
-    def pop_mark() -> list[int]:
-        if not marks:
-            raise PickleBomb("corrupt: an opcode pops to a mark that was never set")
-        at = marks.pop()
-        items = stack[at:]
-        del stack[at:]
-        return items
+    def underflow():
+        return PickleBomb("corrupt: the pickle stack underflows")
 
-    def pop(n: int = 1) -> list[int]:
-        if len(stack) - (marks[-1] if marks else 0) < n:
-            raise PickleBomb("corrupt: the pickle stack underflows")
-        items = stack[len(stack) - n:]
-        del stack[len(stack) - n:]
-        return items
-
-    def top() -> int:
-        if len(stack) <= (marks[-1] if marks else 0):
-            raise PickleBomb("corrupt: the pickle stack underflows")
-        return stack[-1]
-
-    try:
-        for op, arg, _pos in pickletools.genops(data):
-            name = op.name
-            if name == "STOP":
-                break
-            if name == "MARK":
-                marks.append(len(stack))
-            elif name in ("PROTO", "FRAME"):
-                pass
-            elif name == "POP":
-                if stack and marks and marks[-1] == len(stack):
-                    marks.pop()  # POP of a mark
-                else:
-                    pop()
-            elif name == "POP_MARK":
-                pop_mark()
-            elif name == "DUP":
-                stack.append(top())
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
-                memo[len(memo) if name == "MEMOIZE" else arg] = top()
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                if arg not in memo:
-                    raise PickleBomb(f"corrupt: memo entry {arg} was never set")
-                stack.append(memo[arg])
-            elif name in _POP_TO_MARK_NEW:
-                stack.append(new(pop_mark()))
-            elif name in _NEW_FROM:
-                stack.append(new(pop(_NEW_FROM[name])))
-            elif name in _POP_TO_MARK_INTO:
-                items = pop_mark()
-                kids[top()].extend(items)
-            elif name in ("APPEND", "BUILD"):
-                (x,) = pop()
-                kids[top()].append(x)
-            elif name == "SETITEM":
-                k, v = pop(2)
-                kids[top()].extend((k, v))
-            elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
-                raise PickleBomb(f"out-of-band buffers ({name}) are not used by torch.save")
-            elif not op.stack_before and len(op.stack_after) == 1:
-                stack.append(new(()))  # a constant, an empty container, a global name
+    while True:
+        if pos >= end:
+            raise PickleBomb("corrupt: it ends without a STOP opcode")
+        spec = table[data[pos]]
+        if spec is None:
+            raise PickleBomb(f"corrupt: unknown opcode {data[pos]:#04x} at byte {pos}")
+        name, action, layout, size, n = spec
+        arg_at = pos + 1
+        if layout == _FIXED:
+            pos = arg_at + size
+        elif layout == _LINE:
+            nl = find(b"\n", arg_at)
+            if nl < 0:
+                raise PickleBomb(f"corrupt: {name} at byte {arg_at - 1} has no end of line")
+            pos = nl + 1
+        elif layout == _TWO_LINES:
+            nl = find(b"\n", arg_at)
+            nl = find(b"\n", nl + 1) if nl >= 0 else -1
+            if nl < 0:
+                raise PickleBomb(f"corrupt: {name} at byte {arg_at - 1} has no end of line")
+            pos = nl + 1
+        else:
+            length = from_bytes(data[arg_at:arg_at + size], "little", signed=layout == _COUNTED_SIGNED)
+            if length < 0:
+                raise PickleBomb(f"corrupt: {name} at byte {arg_at - 1} has a negative length")
+            pos = arg_at + size + length
+        if pos > end:
+            raise PickleBomb(f"corrupt: {name} at byte {arg_at - 1} runs past the end of the pickle")
+        ops += 1
+        if ops > MAX_OPS:
+            raise PickleBomb(f"it has more than {MAX_OPS} opcodes")
+        if action == _CONST:
+            if len(kids) >= MAX_PICKLE_NODES:
+                raise bomb_nodes()
+            stack.append(len(kids))
+            kids.append(None)
+        elif action == _PUT or action == _GET:
+            if layout == _LINE:
+                try:
+                    index = int(data[arg_at:pos - 1])
+                except ValueError:
+                    raise PickleBomb(f"corrupt: {name} at byte {arg_at - 1} has no valid index") from None
             else:
-                raise PickleBomb(f"unsupported pickle opcode {name}")
-    except ValueError as exc:  # genops: unknown opcode, truncated argument
-        raise PickleBomb(f"corrupt: {exc}") from None
+                index = from_bytes(data[arg_at:pos], "little")
+            if action == _PUT:
+                if index > len(memo):
+                    raise PickleBomb(f"memo index {index} skips past the {len(memo)} entries set so far (the "
+                                     "unpickler would allocate a table that large)")
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise underflow()
+                memo[index] = stack[-1]
+            else:
+                node = memo.get(index)
+                if node is None:
+                    raise PickleBomb(f"corrupt: memo entry {index} was never set")
+                stack.append(node)
+        elif action == _MARK:
+            marks.append(len(stack))
+        elif action == _SKIP:
+            pass
+        elif action == _ADD_ONE or action == _ADD_TWO or action == _NEW_N:
+            want = 2 if action == _ADD_TWO else 1 if action == _ADD_ONE else n
+            base = len(stack) - want
+            if base < (marks[-1] if marks else 0) + (0 if action == _NEW_N else 1):
+                raise underflow()
+            items = stack[base:]
+            del stack[base:]
+            if action == _NEW_N:
+                if len(kids) >= MAX_PICKLE_NODES:
+                    raise bomb_nodes()
+                stack.append(len(kids))
+                kids.append(items)
+            else:
+                parent = stack[-1]
+                if kids[parent] is None:
+                    kids[parent] = items
+                else:
+                    kids[parent].extend(items)
+        elif action == _NEW_MARK or action == _INTO_MARK or action == _POP_MARK:
+            if not marks:
+                raise PickleBomb("corrupt: an opcode pops to a mark that was never set")
+            at = marks.pop()
+            items = stack[at:]
+            del stack[at:]
+            if action == _NEW_MARK:
+                if len(kids) >= MAX_PICKLE_NODES:
+                    raise bomb_nodes()
+                stack.append(len(kids))
+                kids.append(items)
+            elif action == _INTO_MARK:
+                if len(stack) <= (marks[-1] if marks else 0):
+                    raise underflow()
+                parent = stack[-1]
+                if kids[parent] is None:
+                    kids[parent] = items
+                else:
+                    kids[parent].extend(items)
+        elif action == _POP:
+            if stack and marks and marks[-1] == len(stack):
+                marks.pop()  # POP of a mark
+            elif len(stack) <= (marks[-1] if marks else 0):
+                raise underflow()
+            else:
+                stack.pop()
+        elif action == _DUP:
+            if len(stack) <= (marks[-1] if marks else 0):
+                raise underflow()
+            stack.append(stack[-1])
+        elif action == _MEMOIZE:
+            if len(stack) <= (marks[-1] if marks else 0):
+                raise underflow()
+            memo[len(memo)] = stack[-1]
+        elif action == _STOP:
+            break
+        else:
+            raise PickleBomb(f"out-of-band buffers ({name}) are not used by torch.save")
     return len(kids), *_tree_size_and_depth(kids)
 
 
@@ -383,7 +515,7 @@ def _tree_size_and_depth(kids: list[list[int]]) -> tuple[int, int]:
         state[root] = 1
         while path:
             node, i = path[-1]
-            children = kids[node]
+            children = kids[node] or ()
             if i < len(children):
                 path[-1] = (node, i + 1)
                 child = children[i]

@@ -45,8 +45,10 @@ def read_safetensors_header(path: Path) -> dict:
         if n > min(size - 8, 100 * 2**20):
             raise InputError(f"truncated or corrupt safetensors file: header of {n} bytes in a {size}-byte file",
                              path=path)
+        blob = fh.read(n)
+        door.json_bound(blob, path, door.SAFETENSORS)
         try:
-            header = json.loads(fh.read(n))
+            header = json.loads(blob)
         except (ValueError, RecursionError) as exc:
             raise InputError(f"corrupt safetensors header: {printable(exc)}", path=path) from None
     if not isinstance(header, dict):
@@ -86,8 +88,10 @@ def _entry_problem(v) -> str | None:
 
 
 def _read_index(index: Path, d: Path) -> list[Path]:
+    blob = door.read_bytes(index, door.WEIGHTS_INDEX)
+    door.json_bound(blob, index, door.WEIGHTS_INDEX)
     try:
-        data = json.loads(door.read_bytes(index, door.WEIGHTS_INDEX).decode("utf-8"))
+        data = json.loads(blob.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise InputError(f"corrupt index: {printable(exc)}", path=index) from None
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

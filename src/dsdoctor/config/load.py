@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dsdoctor import door
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, printable
 
 MAX_BYTES = door.DS_CONFIG.max_bytes  # real configs are a few KiB
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -97,9 +97,14 @@ def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
         raise InputError(f"expected a config path or a dict, not {type(source).__name__}")
     path = Path(source)
     text = read_text(path)
-    if looks_like_command(text) and not text.lstrip().startswith(("{", "[")):
+    system = _under_system_dir(path)
+    if system:  # a system file named on the command line: read only when it is a config, never echoed
+        _require_config_words(path, text, None)
+    if not text.lstrip().startswith(("{", "[")) and looks_like_command(text):
         return from_command(path, text)
-    data, kind = _parse_file(path)
+    data, kind = _parse_file(path, text)
+    if system and not _has_config_keys(data, accelerate=True):
+        raise _not_a_config(path, None)
     if kind == "yaml":
         return _from_yaml(path, data)
     if is_trainer_args(data):
@@ -141,8 +146,8 @@ def read_text(path: Path) -> str:
     return text
 
 
-def _parse_file(path: Path) -> tuple[Any, str]:
-    text = read_text(path)
+def _parse_file(path: Path, text: str | None = None) -> tuple[Any, str]:
+    text = read_text(path) if text is None else text
     looks_yaml = path.suffix.lower() in YAML_SUFFIXES or not text.lstrip().startswith(("{", "[", "//", "#", "/*"))
     if looks_yaml:
         _bound_slow_parse(text, path, "YAML")
@@ -178,6 +183,7 @@ def _strict(loads, text: str, path: Path):
 
 
 def _parse_json(text: str, path: Path) -> tuple[Any, str]:
+    door.json_bound(text, path, door.DS_CONFIG)  # before json.loads builds millions of objects
     try:
         return _strict(json.loads, text, path), "json"
     except ValueError as first:
@@ -303,17 +309,32 @@ def _parse_yaml(text: str, path: Path) -> Any:
         raise InputError(f"invalid YAML{where}: {problem}", path=path) from None
 
 
+_JSON_SCALARS = (str, int, float, bool, type(None))
+_YAML_TYPES = {"date": "a date", "datetime": "a date and time", "set": "a set", "frozenset": "a set",
+               "bytes": "binary data", "bytearray": "binary data"}
+
+
 def _check_keys_are_strings(data, path):
-    stack = [data]
+    """Every key a string and every value one JSON can hold (a DeepSpeed config is JSON: YAML's dates, sets
+    and binary values would end ``split``'s output, or DeepSpeed, in an error); the key is named."""
+    stack = [(data, "")]
     while stack:
-        node = stack.pop()
+        node, where = stack.pop()
         if isinstance(node, dict):
             for k, v in node.items():
                 if not isinstance(k, str):
-                    raise InputError(f"key {k!r} is not a string", path=path)
-                stack.append(v)
-        elif isinstance(node, list):
-            stack.extend(node)
+                    raise InputError(f"key {printable(repr(k))[:80]}{_at(where)} is not a string", path=path)
+                stack.append((v, f"{where}.{k}" if where else k))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(node))
+        elif not isinstance(node, _JSON_SCALARS):
+            what = _YAML_TYPES.get(type(node).__name__, f"a {type(node).__name__}")
+            raise InputError(f"{printable(where) or 'the value'} is {what}; a DeepSpeed config holds only JSON "
+                             "values (strings, numbers, true/false, null, lists, objects): quote it", path=path)
+
+
+def _at(where: str) -> str:
+    return f" in {printable(where)}" if where else ""
 
 
 def _plain(node):
@@ -344,7 +365,11 @@ def _int_or_none(value):
         return None
 
 
-def _read_ref(yaml_path: Path, ref: str) -> tuple[Path, dict | None]:
+def _read_ref(yaml_path: Path, ref: str, expect: str = "deepspeed") -> tuple[Path, dict | None]:
+    """The file another config names (``deepspeed_config_file``, ``deepspeed:``, ``--deepspeed_config``...),
+    parsed. A file outside the user's tree (``_foreign``) is read only when it is a config of the ``expect``ed
+    kind: a crafted YAML naming ``/etc/shadow`` or ``~/.ssh/id_rsa`` must not get its lines parsed as keys and
+    written by ``split`` into an output, nor quoted in an error."""
     ref_path = Path(os.path.expanduser(ref))
     if not ref_path.is_absolute():
         # accelerate and the trainers resolve against the working directory; the YAML's own directory is the
@@ -353,8 +378,75 @@ def _read_ref(yaml_path: Path, ref: str) -> tuple[Path, dict | None]:
         ref_path = next((c for c in candidates if c.exists()), yaml_path.parent / ref_path)
     if not ref_path.exists():
         return ref_path, None
-    data, _kind = _parse_file(ref_path)
+    if not _foreign(ref_path, yaml_path):
+        data, _kind = _parse_file(ref_path)
+        return ref_path, data
+    text = read_text(ref_path)
+    _require_config_words(ref_path, text, yaml_path)
+    data, _kind = _parse_file(ref_path, text)
+    if not _has_config_keys(data, accelerate=expect == "accelerate", trainer=expect == "trainer"):
+        raise _not_a_config(ref_path, yaml_path)
     return ref_path, data
+
+
+# --- files outside the user's tree ---------------------------------------------------------------------------
+
+_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var", "/usr", "/lib", "/lib32", "/lib64",
+                "/bin", "/sbin", "/srv", "/snap")
+_ACCELERATE_KEYS = ("deepspeed_config", "distributed_type", "compute_environment")
+_TRAINER_KEYS = ("deepspeed", "model_name_or_path", "output_dir", "stage", "base_model")
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(path))
+
+
+def _under_system_dir(path: Path) -> bool:
+    real = str(_resolved(path))
+    return any(real == d or real.startswith(d + "/") for d in _SYSTEM_DIRS)
+
+
+def _foreign(path: Path, named_by: Path) -> bool:
+    """A file outside the user's tree: under a system folder, inside a hidden folder (``~/.ssh``), or outside
+    both the working directory and the folder of the file that names it (links resolved)."""
+    real = _resolved(path)
+    if _under_system_dir(real) or any(part.startswith(".") and part not in (".", "..") for part in real.parent.parts):
+        return True
+    homes = [_resolved(Path.cwd()), _resolved(named_by).parent]
+    return not any(real == h or h in real.parents for h in homes)
+
+
+def _config_words():
+    from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS
+
+    words = sorted(set(DEEPSPEED_TOP_LEVEL_KEYS) | set(_ACCELERATE_KEYS) | set(_TRAINER_KEYS), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, words)))
+
+
+def _require_config_words(path: Path, text: str, named_by: Path | None) -> None:
+    """Refuse, before parsing (whose errors could quote it), a file that names no config key at all."""
+    if not _config_words().search(text):
+        raise _not_a_config(path, named_by)
+
+
+def _has_config_keys(data, accelerate: bool = False, trainer: bool = False) -> bool:
+    from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS
+
+    if not isinstance(data, dict) or not data:
+        return isinstance(data, dict)
+    keys = set(DEEPSPEED_TOP_LEVEL_KEYS) | (set(_ACCELERATE_KEYS) if accelerate else set()) | \
+        (set(_TRAINER_KEYS) if trainer or accelerate else set())
+    return any(k in keys for k in data)
+
+
+def _not_a_config(path: Path, named_by: Path | None) -> InputError:
+    by = f" (named by {printable(named_by)})" if named_by is not None else ""
+    return InputError(f"is not a DeepSpeed config: it holds no DeepSpeed key{by}; a file outside your working "
+                      "directory and the config's folder is read only when it is one, and its content is not "
+                      "shown", path=path)
 
 
 def _from_accelerate_yaml(path: Path, data: dict, ds: Any) -> LoadedConfig:
@@ -529,12 +621,25 @@ _LAUNCHERS = ("deepspeed", "torchrun", "accelerate", "python", "python3", "swift
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
+_LAUNCHER_IN_LINE = re.compile("|".join(map(re.escape, _LAUNCHERS)))
+
+
 def _command_tokens(text: str) -> list[str]:
     """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
-    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped)."""
+    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped).
+
+    ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so only lines that
+    name a launcher at all are split, and only as many of their bytes as a YAML file may hold in all: any
+    file's cost stays bounded (a real launch script is a few KiB)."""
     import shlex
 
+    budget = door.DS_CONFIG.slow_parse_bytes
     for line in text.replace("\\\n", " ").splitlines():
+        if not _LAUNCHER_IN_LINE.search(line):
+            continue
+        budget -= len(line)
+        if budget < 0:
+            return []
         try:
             tokens = shlex.split(line, comments=True)
         except ValueError:  # unbalanced quotes: not a command line
@@ -594,13 +699,13 @@ def from_command(path: Path, text: str) -> LoadedConfig:
     script = args.get("_script")
     if "deepspeed" not in args and isinstance(args.get("config_file"), str) and \
             args.get("_command", "").startswith("accelerate"):  # accelerate launch --config_file acc.yaml ...
-        ref_path = _read_ref(path, args["config_file"])[0]
+        ref_path, _data = _read_ref(path, args["config_file"], expect="accelerate")
         if not ref_path.exists():
             raise InputError(f"names accelerate config {args['config_file']}, which was not found", path=path)
         return load_config(ref_path)
     if "deepspeed" not in args and script and script.endswith((".yaml", ".yml")):
         # llamafactory-cli train x.yaml / axolotl train x.yml: the YAML holds the arguments
-        ypath, ydata = _read_ref(path, script)
+        ypath, ydata = _read_ref(path, script, expect="trainer")
         if ydata is None:
             raise InputError(f"names {script}, which was not found (the trainer's arguments are in it)", path=path)
         if isinstance(ydata, dict):

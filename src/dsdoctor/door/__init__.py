@@ -8,13 +8,13 @@ code that runs inside the user's ranks (the trace observer, compare's runner, ca
 it too.
 
 Reading (``door.read``): ``require_regular``, ``open_fd``, ``open_binary``, ``read_bytes``, ``read_text``,
-``read_json``, ``read_head``, ``read_tail``, ``iter_lines``, ``check_tree``, ``map_readonly``; kernel files
+``read_json``, ``json_bound``, ``read_head``, ``read_tail``, ``iter_lines``, ``check_tree``, ``map_readonly``; kernel files
 ``read_proc``, ``proc_lines``; files a library opens by name ``check_library_files``, ``load_torch_weights``,
 ``safetensors_reader``.
 
 Writing (``door.write``): output folders ``atomic_output_dir``, output files ``atomic_write_text``, checked
 early with ``check_output_path``; new files inside a folder being built ``write_new``, ``open_new``,
-``create_fd``, ``copy_file``, ``remove_own``, ``make_dir``. Multi-node trace (``door.shared``):
+``create_fd``, ``copy_file``, ``copy_size``, ``remove_own``, ``make_dir``. Multi-node trace (``door.shared``):
 ``shared_root``, ``live_output_dir``, ``check_publish``, ``publish_into``. Private and own files
 (``door.scratch``): ``scratch_dir``, ``probe_file``, ``check_cache_file``, ``write_cache_file``; in the ranks
 ``record_file``, ``write_record``.
@@ -55,6 +55,7 @@ from dsdoctor.door.read import (
     decode,
     file_kind,
     iter_lines,
+    json_bound,
     load_torch_weights,
     map_readonly,
     open_binary,
@@ -87,6 +88,7 @@ from dsdoctor.door.write import (
     atomic_write_text,
     check_output_path,
     copy_file,
+    copy_size,
     create_fd,
     free_bytes,
     make_dir,
@@ -136,6 +138,7 @@ __all__ = [
     "check_publish",
     "check_tree",
     "copy_file",
+    "copy_size",
     "create_fd",
     "decode",
     "devnull_onto",
@@ -143,6 +146,7 @@ __all__ = [
     "foreign_entries",
     "free_bytes",
     "iter_lines",
+    "json_bound",
     "live_output_dir",
     "load_torch_weights",
     "make_dir",

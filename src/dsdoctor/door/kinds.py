@@ -41,8 +41,8 @@ PROMPTS = Kind("prompt file", 64 * MiB)
 MACHINE_PROFILE = Kind("machine profile", 4 * MiB, "utf-8", DEPTH, NODES)  # real ones: ~3 KiB
 LATEST = Kind("`latest` file", 4 * KiB, None)  # one tag name
 RANK_FILE = Kind("checkpoint file", None, None)  # zip directory and data.pkl bounded by checkpoint.unpickle
-SAFETENSORS = Kind("safetensors file", None, None)  # header bounded by checkpoint.weights
-WEIGHTS_INDEX = Kind("index file", 64 * MiB, "utf-8")
+SAFETENSORS = Kind("safetensors file", None, None, DEPTH, 2_000_000)  # header: 100 MB, 2M values (~250k tensors)
+WEIGHTS_INDEX = Kind("index file", 64 * MiB, "utf-8", DEPTH, 2_000_000)
 WEIGHTS_BIN = Kind("weights file", None, None)  # torch.load(weights_only=True, mmap=True)
 MODEL_FILE = Kind("model file", 1 * GiB, None)  # tokenizer and generation files: copied, or opened by a library
 TRACE_RECORD = Kind("trace record", None, "utf-8", max_line=64 * MiB)  # rank-R.HOST.PID.jsonl, line by line

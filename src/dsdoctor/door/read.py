@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -126,9 +127,32 @@ def read_text(path: str | os.PathLike, kind: Kind, errors: str = "strict") -> st
     return decode(blob, path, kind.encoding or "utf-8")
 
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_STRING_BYTES = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_bound(text: str | bytes, path, kind: Kind) -> None:
+    """Refuse, before ``json.loads`` builds anything, JSON text that holds more values than ``kind.max_nodes``.
+
+    ``json.loads`` costs about 60 bytes of memory per value: 99 MiB of ``[[],[],...]`` would take gigabytes
+    before any tree check could run. Outside strings, every comma separates two values and every bracket
+    opens one, so either count past the bound proves the tree is past it (never a false refusal); and past
+    both counts the parse cannot build more than twice the bound. C-speed passes over the text."""
+    limit = kind.max_nodes
+    if limit is None:
+        return
+    bare = (_JSON_STRING_BYTES if isinstance(text, bytes) else _JSON_STRING).sub("" if isinstance(text, str)
+                                                                                 else b"", text)
+    comma, opens = (",", "[{") if isinstance(text, str) else (b",", b"[{")
+    values = max(bare.count(comma) + 1, bare.count(opens[0:1]) + bare.count(opens[1:2]))
+    if values > limit:
+        raise InputError(f"holds more than {limit} values; too many for a {kind.what}", path=path)
+
+
 def read_json(path: str | os.PathLike, kind: Kind):
     """A JSON file of the kind: bounded read, UTF-8, parsed, and its tree bounded (when the kind bounds it)."""
     text = read_text(path, kind)
+    json_bound(text, path, kind)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

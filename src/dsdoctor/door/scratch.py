@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -14,7 +15,7 @@ from pathlib import Path
 from dsdoctor.door.read import file_kind
 from dsdoctor.door.signals import GUARD
 from dsdoctor.door.write import absolute, as_input_error, make_dir, umask
-from dsdoctor.errors import InputError
+from dsdoctor.errors import InputError, printable
 
 # ---- scratch, probes, the cache ----------------------------------------------------------------------------------
 
@@ -36,17 +37,57 @@ def scratch_dir(prefix: str):
 @contextlib.contextmanager
 def probe_file(directory, prefix: str):
     """A new private file in the user's ``directory`` (0600), as (descriptor, path); removed at the end, on an
-    error and on a signal (a 512 MiB bandwidth probe must not stay on the user's drive)."""
+    error and on a signal (a 512 MiB bandwidth probe must not stay on the user's drive).
+
+    While it exists a lock on it says its run is alive. SIGKILL (or a power cut) cannot be handled: the next
+    probe in the same folder finds the ones whose lock is free (their run died), removes them and says so."""
     with GUARD.active():
-        made = None
+        made = lock = None
         try:
             with GUARD.deferred():
+                _remove_dead_probes(directory, prefix)
                 made = tempfile.mkstemp(prefix=prefix, dir=directory)
+                lock = os.open(made[1], os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             yield made
         finally:
             if made is not None:
                 with GUARD.deferred(raise_pending=False), contextlib.suppress(OSError):
                     os.unlink(made[1])
+            if lock is not None:
+                os.close(lock)
+
+
+def _remove_dead_probes(directory, prefix: str) -> None:
+    """Remove this user's probe files (``prefix*``, regular, 0600) that no live run holds locked."""
+    import sys
+
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a live run's probe
+                continue
+            os.unlink(entry.path)
+            print(f"dsdoctor: note: removed {printable(entry.path)} ({st.st_size} bytes), a probe file left by a "
+                  "killed dsdoctor calibrate", file=sys.stderr)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def check_cache_file(path) -> Path:

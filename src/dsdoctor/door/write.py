@@ -219,8 +219,11 @@ def output_lock(target: Path):
             continue
         break
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            raise as_input_error(exc, lock) from None
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -232,7 +235,9 @@ def output_lock(target: Path):
 
 def as_input_error(exc: OSError, target: Path) -> InputError:
     what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-            errno.EROFS: "read-only file system"}.get(exc.errno, exc.strerror or str(exc))
+            errno.EROFS: "read-only file system",
+            errno.EFBIG: "file too large for this process's file-size limit (ulimit -f)"}.get(
+        exc.errno, exc.strerror or str(exc))
     return InputError(f"cannot write the output: {what}", path=exc.filename or target,
                       hint="nothing was left behind" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None)
 
@@ -356,10 +361,61 @@ def open_new(path, mode: str = "w"):
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
-def copy_file(src, dst, kind: Kind) -> None:
-    """Copy the regular file ``src`` (within the kind's size bound, also if it grows meanwhile) to a new ``dst``."""
+def data_bytes(fd: int, size: int, max_extents: int = 100_000) -> int:
+    """Bytes of a file that hold data, not holes (``SEEK_DATA``/``SEEK_HOLE``; a file system without them
+    reports no holes). Past ``max_extents`` runs of data the rest counts as holes: a file cut into that many
+    pieces is crafted, not a tokenizer."""
+    if not hasattr(os, "SEEK_DATA"):
+        return size
+    total, at = 0, 0
+    try:
+        for _ in range(max_extents):
+            if at >= size:
+                break
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            total += end - start
+            at = end
+        else:
+            return total
+    except OSError:
+        return size
+    finally:
+        os.lseek(fd, 0, os.SEEK_SET)
+    return total
+
+
+def _refuse_sparse(fd: int, src, kind: Kind) -> int:
+    size = os.fstat(fd).st_size
+    data = data_bytes(fd, size) if size > 1 << 20 else size
+    if data * 2 < size:
+        raise InputError(f"is a sparse file ({size} bytes, {data} of them data); copying it would write "
+                         f"{size} bytes; not a {kind.what}", path=src)
+    return size
+
+
+def copy_size(src, kind: Kind) -> int:
+    """The bytes ``copy_file`` will write for ``src``, checked before anything is written: a regular file
+    within the kind's bound, not sparse."""
     fd = open_fd(src, kind)
     try:
+        return _refuse_sparse(fd, src, kind)
+    finally:
+        os.close(fd)
+
+
+def copy_file(src, dst, kind: Kind) -> None:
+    """Copy the regular file ``src`` (within the kind's size bound, also if it grows meanwhile) to a new ``dst``.
+    A sparse file (less than half of it data: a 40 GiB file of holes takes no disk, its copy 40 GiB) is
+    refused: no model file is written that way."""
+    fd = open_fd(src, kind)
+    try:
+        _refuse_sparse(fd, src, kind)
         limit = kind.max_bytes if kind.max_bytes is not None else 1 << 62
         with os.fdopen(fd, "rb", closefd=False) as fin, os.fdopen(create_fd(dst), "wb") as fout:
             copied = 0

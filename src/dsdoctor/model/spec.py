@@ -60,6 +60,7 @@ def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
     """The parsed config.json: a regular file of bounded size, depth and node count (untrusted input)."""
     p = _find_config(path)
     text = door.read_text(p, door.MODEL_CONFIG)
+    door.json_bound(text, p, door.MODEL_CONFIG)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

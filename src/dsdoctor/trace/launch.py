@@ -78,6 +78,49 @@ def run_command(command: list[str], trace_dir: Path, variant: str | None = None,
     return _run_observed(command, trace_dir, variant, timeout, log_path, echo)
 
 
+TAIL_LINE_CAP = 16 * 1024  # characters of one output line kept in memory for the report; the log gets all
+
+
+def _pump(fd: int, tail: collections.deque, log, echo, chunk: int = 1 << 16) -> None:
+    """Copy the command's output to ``log`` and ``echo`` as it comes, a bounded chunk at a time, and keep its
+    last lines in ``tail``, each cut to ``TAIL_LINE_CAP`` characters: a program that prints gigabytes
+    without a newline costs a chunk of memory, not gigabytes (``readline`` would hold the whole line)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    partial, cut = "", 0  # the line being read (its first TAIL_LINE_CAP characters) and how many were cut
+    while True:
+        try:
+            raw = os.read(fd, chunk)
+        except OSError:
+            raw = b""
+        text = decoder.decode(raw, final=not raw)
+        if text:
+            try:  # the log and echo may be closed under us when the run is interrupted
+                if log:
+                    log.write(text)
+                if echo is not False:
+                    echo.write(text)
+                    echo.flush()
+            except (OSError, ValueError):
+                pass
+            *done, rest = text.split("\n")
+            for piece in done:
+                tail.append(_capped(partial + piece, cut) + "\n")
+                partial, cut = "", 0
+            room = TAIL_LINE_CAP - len(partial)
+            partial, cut = partial + rest[:room], cut + max(len(rest) - room, 0)
+        if not raw:
+            if partial or cut:
+                tail.append(_capped(partial, cut))
+            return
+
+
+def _capped(line: str, cut: int) -> str:
+    cut += max(len(line) - TAIL_LINE_CAP, 0)
+    return line[:TAIL_LINE_CAP] + (f" [... {cut} more characters]" if cut else "")
+
+
 def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) -> RunOutcome:
     door.make_dir(trace_dir)
     echo = sys.stderr if echo is None else echo
@@ -96,17 +139,7 @@ def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) ->
             raise InputError(f"command is not executable: {command[0]}") from None
 
         def pump():
-            for raw in iter(proc.stdout.readline, b""):
-                line = raw.decode("utf-8", errors="replace")
-                tail.append(line)
-                try:  # the log and echo may be closed under us when the run is interrupted
-                    if log:
-                        log.write(line)
-                    if echo is not False:
-                        echo.write(line)
-                        echo.flush()
-                except (OSError, ValueError):
-                    pass
+            _pump(proc.stdout.fileno(), tail, log, echo)
 
         reader = threading.Thread(target=pump, name="dsdoctor-output", daemon=True)
         reader.start()

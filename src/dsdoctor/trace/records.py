@@ -70,14 +70,103 @@ class RankRecord:
         return None
 
 
+# ---- a record is written by the user's ranks: every field is checked before anything reads it -------------------
+
+_NUM, _INT, _STR, _BOOL, _DICT, _LIST = "number", "integer", "string", "boolean", "object", "list"
+_MAX_MAGNITUDE = 2.0**62  # bytes, seconds since the epoch, counts: anything larger is not a measurement
+
+# the fields the report reads, at the top of an event and inside its known objects; a field of another type is
+# dropped (as if the rank had not written it), an event that is not an object, or whose phase is not a
+# string, is skipped whole
+_EVENT_FIELDS = {
+    "event": _STR, "t": _NUM, "rank": _INT, "local_rank": _INT, "pid": _INT, "world_size": _INT, "host": _STR,
+    "host_total": _NUM, "variant": _STR, "phase": _STR, "index": _INT, "host_rss": _NUM, "host_peak": _NUM,
+    "gap_peak_host_rss": _NUM, "gap_peak_gpu_reserved": _NUM, "gap_peak_gpu_allocated": _NUM,
+    "duration_s": _NUM, "peak_gpu_allocated": _NUM, "peak_gpu_reserved": _NUM, "gpu_used_device": _NUM,
+    "gpu_total": _NUM, "peak_host_rss": _NUM, "pinned_host_bytes": _NUM, "new_tokens": _INT, "error": _DICT,
+    "engine": _DICT, "forwards": _INT, "new_tokens_per_seq": _INT, "data": _LIST, "files": _LIST, "kind": _STR,
+    "api": _STR, "source": _STR, "config": _DICT, "summary": _DICT, "summary_before_variant": _DICT,
+    "rewritable": _BOOL, "variant_applied": _STR, "variant_changed": _BOOL, "synced_gpus": _BOOL,
+    "zero3_partitioned": _BOOL, "batch": _INT, "prompt_len": _INT,
+    "max_new_tokens": _INT, "encoder_decoder": _BOOL, "is_encoder_decoder": _BOOL, "model_class": _STR,
+    "num_params": _INT, "param_dtype": _STR, "model_config": _DICT, "hf_zero3": _BOOL, "hf_zero3_alive": _BOOL,
+    "model_at_initialize": _DICT, "gather_once": _STR, "already_gathered": _BOOL, "param_bytes": _NUM,
+    "gather_bytes_per_forward": _NUM, "is_zero3": _BOOL,
+}
+_NESTED_FIELDS = {
+    "engine": {"engine": _STR, "zero_stage": _INT, "offload_param": _STR, "offload_param_pin_memory": _BOOL,
+               "offload_optimizer": _STR, "optimizer": _STR, "base_optimizer": _STR, "optimizer_state_bytes": _NUM,
+               "dtype": _STR, "tp_size": _INT, "world_size": _INT, "zero3_partitioned": _BOOL},
+    "error": {"type": _STR, "message": _STR, "oom": _BOOL},
+    "summary": {"optimizer": _STR, "offload_param": _STR, "offload_optimizer": _STR, "tp_size": _INT},
+    "summary_before_variant": {"optimizer": _STR, "offload_param": _STR, "offload_optimizer": _STR,
+                               "tp_size": _INT},
+}
+
+
+def _fits(value, kind: str) -> bool:
+    if value is None:
+        return True  # "not measured": every reader handles it
+    if kind in (_NUM, _INT):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if not -_MAX_MAGNITUDE <= value <= _MAX_MAGNITUDE:  # NaN and the infinities fail too
+            return False
+        return kind == _NUM or float(value).is_integer()
+    types = {_STR: str, _BOOL: bool, _DICT: dict, _LIST: list}
+    return isinstance(value, types[kind])
+
+
+def _checked(fields: dict, schema: dict) -> dict:
+    out = {}
+    for key, value in fields.items():
+        kind = schema.get(key)
+        if kind is None:
+            out[key] = value  # carried, never read
+        elif value is None:  # a number or text "not measured" (the observer writes it): every reader handles it;
+            if kind not in (_DICT, _LIST):  # an object or list that is null is read as missing
+                out[key] = None
+        elif _fits(value, kind):
+            if kind == _INT and isinstance(value, float):
+                value = int(value)
+            if kind == _DICT and key in _NESTED_FIELDS:
+                value = _checked(value, _NESTED_FIELDS[key])
+            out[key] = value
+    return out
+
+
+def valid_event(ev) -> dict | None:
+    """A record line as the report may read it: an object whose known fields have their types (numbers
+    finite and below 2**62), the samples and file lists cleaned; None for a line that is not an event. A
+    rank writes these files, and a crafted or damaged one must not end the report in an internal error."""
+    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str):
+        return None
+    ev = _checked(ev, _EVENT_FIELDS)
+    if ev["event"] in ("phase_start", "phase_end") and not isinstance(ev.get("phase"), str):
+        return None
+    if ev["event"] in ("phase_start", "phase_end") and not isinstance(ev.get("t"), (int, float)):
+        return None
+    if isinstance(ev.get("error"), dict):  # what an error says is read as text: both always there
+        ev["error"] = {**ev["error"], "type": ev["error"].get("type") or "Error",
+                       "message": ev["error"].get("message") or ""}
+    if "data" in ev:
+        ev["data"] = [row for row in ev["data"] or () if isinstance(row, list) and len(row) == 4
+                      and all(_fits(x, _NUM) for x in row) and isinstance(row[0], (int, float))]
+    if "files" in ev:
+        ev["files"] = [f for f in ev["files"] or () if isinstance(f, str)]
+    return ev
+
+
 def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
     rec = None
     open_phases: dict[tuple[str, int], PhaseRecord] = {}
     for line in door.iter_lines(path, door.TRACE_RECORD):
         try:
-            ev = json.loads(line)
-        except ValueError:
+            ev = valid_event(json.loads(line))
+        except (ValueError, RecursionError):
             continue  # a line cut off by a kill
+        if ev is None:
+            continue
         kind = ev.get("event")
         if kind == "start":
             rec = RankRecord(file=path.name, rank=int(ev.get("rank") or 0), host=ev.get("host"), pid=ev.get("pid"),
@@ -89,7 +178,7 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
         if kind == "samples":
             rec.samples.extend(ev.get("data") or [])
         elif kind == "phase_start":
-            ph = PhaseRecord(name=ev["phase"], index=int(ev.get("index", 0)), t_start=ev["t"],
+            ph = PhaseRecord(name=ev["phase"], index=int(ev.get("index") or 0), t_start=ev["t"],
                              host_rss_start=ev.get("host_rss"))
             ph.info = {k: v for k, v in ev.items() if k not in _START_KEYS}
             open_phases[(ph.name, ph.index)] = ph
@@ -97,7 +186,7 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
             rec.gap_peaks.append((ev["t"], ev.get("gap_peak_host_rss"),
                                   ev.get("gap_peak_gpu_reserved")))
         elif kind == "phase_end":
-            ph = open_phases.pop((ev.get("phase"), int(ev.get("index", 0))), None)
+            ph = open_phases.pop((ev.get("phase"), int(ev.get("index") or 0)), None)
             if ph is None:
                 continue
             ph.t_end = ev["t"]

@@ -92,9 +92,13 @@ def _parse_count(text: str, name: str) -> int:
         value = float(text)
     except ValueError:
         raise InputError(f"variant {name!r}: {text!r} is not a number of elements like 5e7") from None
-    if value <= 0:
-        raise InputError(f"variant {name!r}: the bucket size must be positive")
+    if not 1 <= value <= MAX_BUCKET:  # NaN and the infinities too
+        raise InputError(f"variant {name!r}: the bucket size must be a number of elements from 1 to "
+                         f"{MAX_BUCKET:.0e}, not {text}")
     return int(value)
+
+
+MAX_BUCKET = 1e12  # elements: more than any model has parameters
 
 
 def parse_variants(spec: str | list[str] | None) -> list[Variant]:
