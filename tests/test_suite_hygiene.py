@@ -75,10 +75,11 @@ def test_timeout_ends_the_grandchildren_too():
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("ci", ["true", ""])
-def test_corpus_tests_fail_in_ci_and_skip_elsewhere_when_the_corpus_is_missing(tmp_path, ci):
+@pytest.mark.parametrize("required", ["1", ""])
+def test_corpus_tests_fail_when_required_and_skip_otherwise_when_the_corpus_is_missing(tmp_path, required):
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, CI=ci, DSDOCTOR_CORPUS=str(tmp_path / "no-corpus"), PYTHONPATH=str(root / "src"))
+    env = dict(os.environ, CI="true", DSDOCTOR_REQUIRE_CORPUS=required, DSDOCTOR_CORPUS=str(tmp_path / "no-corpus"),
+               PYTHONPATH=str(root / "src"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
                            "--continue-on-collection-errors", str(root / "tests" / "config/test_corpus.py"),
                            str(root / "tests" / "config/test_runner.py"),
@@ -86,7 +87,7 @@ def test_corpus_tests_fail_in_ci_and_skip_elsewhere_when_the_corpus_is_missing(t
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     runner = ("test_corpus_trainer_yaml_is_read_as_llamafactory_training",
               "test_ms_swift_builtin_names_match_the_files_ms_swift_ships[zero3]")
-    if ci:
+    if required:
         assert proc.returncode not in (0, 5) and "config corpus not found" in proc.stdout, proc.stdout[-2000:]
         assert all(f"FAILED tests/config/test_runner.py::{name}" in proc.stdout for name in runner), proc.stdout[-2000:]
     else:

@@ -19,11 +19,12 @@ from dsdoctor.config.schema import (
     REMOVED_ZERO_KEYS,
     ZERO_FIELDS,
 )
-from tests.helpers import CORPUS, in_ci
+from tests.helpers import CORPUS, corpus_required
 
 if not CORPUS.is_dir():
-    if in_ci():  # CI must run these: a missing corpus is a failure
-        pytest.fail(f"config corpus not found at {CORPUS} (CI is set: the corpus tests must run)", pytrace=False)
+    if corpus_required():  # told these must run: a missing corpus is a failure
+        pytest.fail(f"config corpus not found at {CORPUS} (DSDOCTOR_REQUIRE_CORPUS is set: the corpus tests must "
+                    "run)", pytrace=False)
     pytest.skip(f"config corpus not found at {CORPUS}", allow_module_level=True)
 FILES = sorted(p for p in CORPUS.iterdir() if p.name != "INDEX.tsv")
 
