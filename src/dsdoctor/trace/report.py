@@ -732,7 +732,7 @@ def _ignored_zero_at_init_inference(records: list[RankRecord]) -> Finding | None
     for rec in records:
         for c in rec.configs:
             cfg = c.get("config")
-            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict) and isinstance(cfg.get("zero"), dict):
+            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict):  # a zero section, or args=
                 found = [f for f in init_inference_findings(read_inference_config(cfg), None, None) if f.code == "DSD122"]
                 if found:
                     found[0].values["rank"] = rec.rank
