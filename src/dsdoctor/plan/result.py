@@ -49,6 +49,8 @@ class PathPlan:
     estimate: bool = False  # modelled, not yet measured on a GPU
     fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
     speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
+    first_generate_extra_s: float = 0.0  # the first generate of a process: this much longer (new KV lengths)
+    first_generate_tokens_per_s: float = 0.0  # tokens_per_s is the steady state (a repeated generate)
 
     def to_dict(self) -> dict:
         return {
@@ -64,6 +66,8 @@ class PathPlan:
             "loading_options": self.loading_options, "tp": self.tp,
             "estimate": self.estimate,
             "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
+            "first_generate_extra_s": self.first_generate_extra_s,
+            "first_generate_tokens_per_s": self.first_generate_tokens_per_s,
         }
 
 
@@ -137,6 +141,14 @@ class PlanResult:
                                                       host_memory=human_bytes(h.host_memory))
                 + pick(TEXT["machine"], lang).format(figures=self._calibration(lang)))
 
+    def _first_generate(self, lang: str) -> str:
+        """The speed term users see first: tok/s/rank is the steady state; the first generate takes longer."""
+        p = self.path(self.recommended.path) if self.recommended.path else None
+        if p is None or not p.first_generate_extra_s:
+            return ""
+        return pick(TEXT["first generate"], lang).format(path=p.name, extra=p.first_generate_extra_s,
+                                                        first=p.first_generate_tokens_per_s, steady=p.tokens_per_s)
+
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []
         for p in self.paths:
@@ -167,6 +179,9 @@ class PlanResult:
             out.append("\n".join(host) + "\n")
         if any(p.estimate for p in self.paths):
             out.append(pick(TEXT["estimate"], lang) + "\n")
+        first = self._first_generate(lang)
+        if first:
+            out.append(first + "\n")
         rec = self.recommended
         if rec.path:
             out.append(f"{pick(TEXT['recommended'], lang)}: {rec.path}: {pick(rec.why, lang)}\n")
@@ -179,6 +194,9 @@ class PlanResult:
         out = [pick(TEXT["title"], lang), self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
         brows = [(p.name, label(k, lang), human_bytes(v)) for p in self.paths for k, v in p.breakdown.items()]
         out += [markdown_table(pick(TEXT["part head"], lang), brows), "\n"]
+        first = self._first_generate(lang)
+        if first:
+            out.append(first + "\n\n")
         rec = self.recommended
         if rec.path:
             out.append(f"**{pick(TEXT['recommended'], lang).capitalize()}**"

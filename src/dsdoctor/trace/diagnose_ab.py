@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import LANGS, message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_omitted,
+    findings_text,
+    markdown_table,
+    text_table,
+)
 from dsdoctor.trace.ending import ending_text, evidence_text
 from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
@@ -153,7 +160,8 @@ class AbResult:
         out = [f"# dsdoctor ab\n\n`{' '.join(self.command)}`\n\n", markdown_table(self._head(lang), list(self._rows(lang)))]
         if d:
             out.append(f"\n**{pick(TEXT['Diagnosis'], lang)}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
-        out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
+        if not findings_omitted():
+            out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
         return "".join(out)
 
 

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import LANGS, message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_omitted,
+    findings_text,
+    markdown_table,
+    text_table,
+)
 from dsdoctor.trace import loop as gen_loop
 from dsdoctor.trace.ending import ending_text, main_frames, progressing
 from dsdoctor.trace.records import PhaseRecord, RankRecord
@@ -184,7 +191,7 @@ class TraceResult:
                f"{self.wall_s:.1f} s\n\n## {_t('ranks', lang)}\n\n", markdown_table(rh, list(self._rank_rows())),
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
                (f"\n{self.speed_note(lang)}\n" if self.speed_note(lang) else ""),
-               f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+               "" if findings_omitted() else f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
         ended = self._ending_rows(lang)
         if ended:
             out[-2:-2] = [f"\n## {pick(_ENDING['title'], lang)}\n\n", markdown_table(pick(_ENDING["head"], lang), ended)]
