@@ -118,7 +118,7 @@ class DiagnoseResult:
         if self.summary:
             parts.append(self.summary.to_markdown(lang))
         parts.append(self._inputs_markdown(lang))
-        if self.recommended_path:
+        if self.recommended_path and not self.summary:
             parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
         shown: set = set()
         for s in self.steps:

@@ -13,7 +13,8 @@ _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI","PingFang SC","Microsoft YaHei",sans-serif;max-width:1100px;
 margin:2em auto;padding:0 1em;color:#1b1f24;line-height:1.5}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccd;padding:.3em .6em;
-text-align:left;vertical-align:top}th{background:#eef1f6}code,pre{background:#f4f5f7;border-radius:4px}
+text-align:left;vertical-align:top;overflow-wrap:anywhere}td:first-child{overflow-wrap:normal;white-space:nowrap}
+th{background:#eef1f6}code,pre{background:#f4f5f7;border-radius:4px}
 pre{padding:.8em;overflow-x:auto}code{padding:.1em .3em}img{max-width:100%;border:1px solid #dde}
 h1,h2,h3{border-bottom:1px solid #e5e7eb;padding-bottom:.2em}
 blockquote{margin:1em 0;padding:.6em 1.2em;border:2px solid #2563eb;border-radius:8px;background:#eff6ff}

@@ -27,6 +27,7 @@ from dsdoctor.units import human_bytes
 
 TEXT = message_table("trace.ending.TEXT")  # the texts live in dsdoctor/messages.json
 NEAR_LIMIT = 0.90  # host memory at the last sample at or above this share of the limit: most likely the OOM killer
+PEER_SAMPLE_S = 2.0  # how far apart two ranks' samples may be to add up as one moment
 PROGRESS_WINDOW_S = 2.0  # between the two looks at a rank still running at the timeout
 WORKING_CPU_SHARE = 0.2  # CPU time over the window, as a share of one core, that counts as work
 
@@ -418,7 +419,8 @@ def _host_use_at_death(r, rec, ev: Evidence, peer_rss: int) -> int | None:
 
 
 def _peer_rss(ranks, records) -> dict:
-    """id(rank) -> the RSS of the other ranks on its host at or before its own last sample."""
+    """id(rank) -> the RSS of the other ranks on its host at its own last sample (their nearest sample, the
+    samplers flush about once a second)."""
     by_host: dict = {}
     for r, rec in zip(ranks, records):
         by_host.setdefault(r.host, []).append((r, rec))
@@ -430,8 +432,8 @@ def _peer_rss(ranks, records) -> dict:
             for other, orec in items:
                 if other is r or t is None:
                     continue
-                before = [s for s in orec.samples if s[0] <= t and s[1] is not None]
-                total += int(before[-1][1]) if before else 0
+                near = [s for s in orec.samples if s[1] is not None and abs(s[0] - t) <= PEER_SAMPLE_S]
+                total += int(min(near, key=lambda s: abs(s[0] - t))[1]) if near else 0
             out[id(r)] = total
     return out
 
