@@ -344,7 +344,7 @@ def test_ab_names_split_when_as_is_is_killed_after_building_an_optimizer(tmp_pat
     assert by["as-is"]["status"] in ("killed", "oom") and by["no-offload-param"]["status"] == by["as-is"]["status"]
     assert by["split"]["status"] == "ok", r.stderr[-3000:]
     killed = next(e for e in by["as-is"]["endings"] if e["kind"] in ("signal", "oom-killer"))
-    assert killed["signal"] == "SIGKILL" and killed["exit_code"] == -9 and killed["phase"] == "init"
+    assert killed["signal"] == "SIGKILL" and killed["exit_code"] == -9 and killed["phase"] == "after init"
     assert killed["evidence"] == {"kind": "launcher", "source": "deepspeed", "code": -9}
     assert by["as-is"]["returncode"] == 247  # the DeepSpeed launcher's exit status for a rank's -9
     d = data["diagnosis"]
@@ -388,3 +388,53 @@ def test_ab_names_split_when_as_is_hangs(tmp_path):
     asis = json.loads((tmp_path / "ab" / "as-is" / "report.json").read_text())
     hung = [f for f in asis["findings"] if f["code"] == "DSD306"]
     assert hung and all("no progress in" in f["message"] for f in hung)
+
+
+# ---------------------------------------------------------------- what a measurement is
+
+def test_tokens_per_s_is_the_steady_state_and_the_first_generate_is_said_apart(records_dir, monkeypatch):
+    rec = _rank(records_dir, monkeypatch, 0, world=1)
+    for _ in range(3):
+        t = rec.begin("generate", api="generate", batch=4, prompt_len=8)
+        rec.end(t, new_tokens=64)
+    rec.close()
+    records = read_records(records_dir)
+    for p, seconds in zip(records[0].phases, (3.0, 1.0, 1.0)):  # the first generate is three times slower
+        p.duration_s = seconds
+    (rank,) = [summarize_rank(r, False) for r in records]
+    assert rank.tokens_per_s == pytest.approx(64.0) and rank.tokens_per_s_kind == "steady"
+    assert rank.first_tokens_per_s == pytest.approx(64 / 3) and rank.first_extra_s == pytest.approx(2.0)
+    text = TraceResult(["python", "x.py"], "ok", 0, 1.0, None, [rank], []).to_text()
+    assert "tokens/s: the steady state (every generate after the first); the first generate ran at 21.3" in text
+    records[0].phases = records[0].phases[:1]
+    single = summarize_rank(records[0], False)
+    assert single.tokens_per_s_kind == "first" and single.tokens_per_s == pytest.approx(64 / 3)
+
+
+def test_run_peak_gpu_is_the_reserved_peak_and_the_peak_phase_comes_from_live_tensors(records_dir, monkeypatch):
+    """ab's "run peak GPU (reserved)" column showed the allocated peak (2.6 GiB where 3.75 were reserved)."""
+    rec = _rank(records_dir, monkeypatch, 0, world=1)
+    for name, alloc, reserved in (("load", 1.0, 1.2), ("generate", 2.81, 3.75)):
+        t = rec.begin(name, api=name)
+        rec.end(t, peak_gpu_allocated=int(alloc * GiB), peak_gpu_reserved=int(reserved * GiB))
+    rec.close()
+    (rank,) = [summarize_rank(r, False) for r in read_records(records_dir)]
+    assert rank.peak_gpu_bytes == int(3.75 * GiB) and rank.peak_gpu_allocated_bytes == int(2.81 * GiB)
+    assert rank.peak_phase == "generate#0"
+
+
+@pytest.mark.process
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("where", ["zero", "args"])
+def test_trace_sees_a_zero_config_handed_to_init_inference(tmp_path, where):
+    """init_inference(model, config={"zero": ...}) and init_inference(model, args=<a ZeRO config>) both run
+    and ignore the ZeRO part: trace reports DSD122 with the deepspeed.initialize config that was meant."""
+    r = run_cli("trace", "-q", "--format", "json", "-o", str(tmp_path / "t"), "--", sys.executable,
+                str(SCRIPTS / "init_inference_tiny.py"), "--zero-in", where, env=deepspeed_env(), timeout=300)
+    data = json.loads(r.stdout)
+    assert data["status"] == "ok", r.stderr[-3000:]
+    f = next(f for f in data["findings"] if f["code"] == "DSD122")
+    assert ("ZeRO config in args" in f["message"]) == (where == "args")
+    assert f["values"]["config_dict"]["zero_optimization"]["offload_param"]["device"] == "cpu"
+    captured = data["ranks"][0]["config_captured"]
+    assert (captured.get("zero") if where == "zero" else captured["args"]["zero_optimization"])["stage"] == 3
