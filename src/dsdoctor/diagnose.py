@@ -106,6 +106,9 @@ class DiagnoseResult:
             lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
             lines += [f"    $ {c}" for c in s.commands[:3]]
+            code = (s.data or {}).get("code") if s.key == "exit" else None
+            if code:
+                lines += ["      " + x for x in code.rstrip().splitlines() if not x.startswith("#")]
         lines.append("")
         lines.append(findings_text(self.findings, lang, style).rstrip())
         lines.append(f"{pick(TEXT['report'], lang)}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")

@@ -17,6 +17,11 @@ TEXT = message_table("report.summary.TEXT")  # the texts live in dsdoctor/messag
 MAX_ACTIONS = 3
 
 
+def _sep(lang: str) -> str:
+    """What joins two sentences: a space in English, nothing in Chinese (pick() would fall back on the empty one)."""
+    return TEXT["sep"].get(lang, TEXT["sep"]["en"])
+
+
 @dataclass
 class Action:
     title: dict  # {lang: text}
@@ -58,6 +63,7 @@ class Summary:
 
     def to_markdown(self, lang: str = "en") -> str:
         """A blockquote (the HTML report's summary box): verdict, numbered actions, before -> after."""
+        # a space after the label in every language: "**结论：**该" would not close the bold (CommonMark)
         lines = [f"**{pick(TEXT['verdict'], lang)}** {pick(self.verdict, lang)}", ""]
         if self.actions:
             lines += [f"**{pick(TEXT['what to do'], lang)}**", ""]
@@ -69,7 +75,7 @@ class Summary:
         return "".join(f"> {x}\n" if x else ">\n" for x in lines) + "\n"
 
     def to_text(self, lang: str = "en") -> str:
-        lines = [f"{pick(TEXT['verdict'], lang)} {pick(self.verdict, lang)}"]
+        lines = [f"{pick(TEXT['verdict'], lang)}{_sep(lang)}{pick(self.verdict, lang)}"]
         for n, a in enumerate(self.actions, 1):
             lines.append(f"  {n}. {pick(a.title, lang)}")
             lines += [f"     $ {c}" for c in a.commands[:2]]
@@ -125,4 +131,4 @@ def verdict(*, run=None, ab=None, config_errors=(), plan_result=None, path: str 
                           tps=f"{chosen['tokens_per_s']:.0f}", faster=faster or {lang: "" for lang in LANGS}))
     if not parts:
         parts.append(TEXT["nothing found"])
-    return {lang: " ".join(p[lang] for p in parts) for lang in LANGS}
+    return {lang: _sep(lang).join(p[lang] for p in parts) for lang in LANGS}
