@@ -23,13 +23,16 @@ example: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
-# the HTML report's test opens it in a real headless browser: Debian's chromium (installed once, skipped when present)
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The HTML report's test opens it in a real headless browser: Debian's chromium, installed once (nothing to do
+# when present). Installing is best effort and never fails `make test`: without root or passwordless sudo, apt-get,
+# or a reachable mirror, the browser test skips and says why (DSDOCTOR_REQUIRE_BROWSER=1 makes it fail instead).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  { echo "installing chromium (the HTML report's browser test)"; \
-	    $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; } || \
-	  echo "chromium could not be installed: the browser test skips (and fails with CI=true)"
+	  { command -v apt-get >/dev/null 2>&1 && echo "installing chromium (the HTML report's browser test)" && \
+	    $(SUDO) timeout 900 apt-get update -q && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -q chromium; \
+	  } || echo "chromium could not be installed here: the browser test will skip (make test goes on)"
 
 test: lint browser
 	$(BIN)/python -m pytest -q
