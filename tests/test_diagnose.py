@@ -138,9 +138,10 @@ def test_diagnose_ab_step_runs_the_variants_and_reports_them(tmp_path):
     from dsdoctor.diagnose import _step_ab
 
     script = ROOT / "tests" / "scripts" / "generate_plain.py"
-    step = _step_ab([sys.executable, str(script)], tmp_path, 200, "en")
+    step, result = _step_ab([sys.executable, str(script)], tmp_path, 200, "en")  # the step, and ab's result
     assert step.key == "ab" and step.status == "done"
     variants = step.data["ab"]["variants"]
     assert [v["name"] for v in variants] == ["as-is", "no-offload-param", "split"]
     assert all(v["status"] == "ok" for v in variants)
     assert "A/B over 3 variants" in step.summary["en"] and (tmp_path / "ab" / "report.json").is_file()
+    assert [v.name for v in result.variants] == [v["name"] for v in variants]  # the summary box reads the same

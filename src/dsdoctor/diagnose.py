@@ -11,6 +11,7 @@ cannot run says why and what command would run it, instead of failing the whole 
 """
 from __future__ import annotations
 
+import copy
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,9 +20,12 @@ from pathlib import Path
 from dsdoctor import door
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
-from dsdoctor.findings import Finding, exit_code, sort_findings
+from dsdoctor.findings import Finding, Phrase, exit_code, sort_findings
 from dsdoctor.i18n import LANGS, fill, message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, write_report
+from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, without_findings, write_report
+from dsdoctor.report.summary import TEXT as SUMMARY_TEXT
+from dsdoctor.report.summary import Action, Summary, path_figures
+from dsdoctor.report.summary import verdict as summary_verdict
 from dsdoctor.units import human_bytes
 
 # the texts live in dsdoctor/messages.json
@@ -66,6 +70,7 @@ class DiagnoseResult:
     lang: str = "en"
     # where each input came from: "bundled example", "given", "captured from <api> ...", or "none"
     sources: dict = field(default_factory=dict)
+    summary: Summary | None = None  # the answer the report leads with (report/summary.py)
 
     @property
     def findings(self) -> list[Finding]:
@@ -82,6 +87,7 @@ class DiagnoseResult:
         return {
             "config": self.config, "model": self.model, "out": self.out, "sources": self.sources,
             "recommended_path": self.recommended_path,
+            "summary": self.summary.to_dict(lang) if self.summary else None,
             "report": {"markdown": str(Path(self.out) / "report.md"), "html": str(Path(self.out) / "report.html")},
             "steps": [s.to_dict(lang) for s in self.steps],
             "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
@@ -94,33 +100,49 @@ class DiagnoseResult:
         if self.sources.get("config") == "bundled example":
             lines.append(pick(TEXT["bundled note"], lang))
         lines.append("")
+        if self.summary:
+            lines += [self.summary.to_text(lang)]
         for s in self.steps:
             lines.append(f"{glyph[s.status]} {pick(STEP_TITLES[s.key], lang)}")
             lines.append("    " + (s.summary.get(lang) or s.summary["en"]))
             lines += [f"    $ {c}" for c in s.commands[:3]]
+            code = (s.data or {}).get("code") if s.key == "exit" else None
+            if code:
+                lines += ["      " + x for x in code.rstrip().splitlines() if not x.startswith("#")]
         lines.append("")
         lines.append(findings_text(self.findings, lang, style).rstrip())
         lines.append(f"{pick(TEXT['report'], lang)}: {Path(self.out) / 'report.html'}  ({Path(self.out) / 'report.md'})")
         return "\n".join(lines) + "\n"
 
     def to_markdown(self, lang: str = "en") -> str:
-        parts = [f"# {pick(TEXT['title'], lang)}\n", self._inputs_markdown(lang)]
-        if self.recommended_path:
+        """The answer first (the summary box), then the steps: each finding once (under the first step that
+        found it), each step's full tables folded under <details>."""
+        parts = [f"# {pick(TEXT['title'], lang)}\n"]
+        if self.summary:
+            parts.append(self.summary.to_markdown(lang))
+        parts.append(self._inputs_markdown(lang))
+        if self.recommended_path and not self.summary:
             parts.append(f"**{pick(TEXT['recommended'], lang)}: `{self.recommended_path}`**\n")
+        shown: set = set()
         for s in self.steps:
             parts.append(f"## {pick(STEP_TITLES[s.key], lang)}\n")
             parts.append((s.summary.get(lang) or s.summary["en"]) + "\n")
             if s.commands:
                 parts.append("```bash\n" + "\n".join(s.commands) + "\n```\n")
+            code = (s.data or {}).get("code") if s.key == "exit" else None
+            if code:
+                parts.append("```python\n" + code.rstrip() + "\n```\n")
             for a in s.artifacts:
                 if a.endswith(".png"):
                     parts.append(f"![{a}]({a})\n")
-            if s.findings:
-                parts.append(findings_markdown(s.findings, lang))
+            new = [f for f in s.findings if (f.code, f.message("en")) not in shown]
+            shown.update((f.code, f.message("en")) for f in new)
+            if new:
+                parts.append(findings_markdown(new, lang))
             if s.details_md:
-                parts.append(s.details_md.rstrip() + "\n")
+                title = pick(TEXT["details"], lang).format(step=pick(STEP_TITLES[s.key], lang))
+                parts.append(f"<details><summary>{title}</summary>\n\n{s.details_md.rstrip()}\n\n</details>\n")
         return "\n".join(parts)
-
 
     def _source(self, key: str, lang: str) -> str:
         src = self.sources.get(key) or "given"
@@ -147,6 +169,12 @@ def _shell(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
+def _details(result, lang: str) -> str:
+    """A step's full result in Markdown, its findings left out (the step lists them, once)."""
+    with without_findings():
+        return result.to_markdown(lang)
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -163,7 +191,7 @@ def _step_effective(config, model, gpus, lang) -> tuple[Step, object]:
     stage, op, oo = eff.zero_stage, eff.offload_param.device, eff.offload_optimizer.device
     summary = fill(SUMMARY["effective"], stage=stage, op=op, oo=oo, optimizer=eff.optimizer_type or TEXT["none"],
                    n=len(result.findings))
-    step = Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
+    step = Step("effective", "done", summary, list(result.findings), _details(result, lang),
                 data=result.to_dict(lang).get("effective", {}))
     return step, result
 
@@ -189,10 +217,10 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
     if chosen is None:
         summary = fill(SUMMARY["no path fits"], why=why)
     else:
-        peak = human_bytes(chosen.gpu_peak_bytes)
+        # one tokens/s figure everywhere: the machine's (replicas x per rank), as plan's reason says it
         summary = fill(SUMMARY["fastest path"], answer=TEXT["yes" if needs_zero3 else "no"], path=rec.path,
-                       peak=peak, tps=f"{chosen.tokens_per_s:.1f}", why=why)
-    step = Step("need-zero3", "done", summary, list(result.findings), result.to_markdown(lang),
+                       why=rec.why)
+    step = Step("need-zero3", "done", summary, list(result.findings), _details(result, lang),
                 data={"recommended": rec.to_dict(lang), "needs_zero3": needs_zero3}, artifacts=artifacts)
     return step, result
 
@@ -204,7 +232,7 @@ def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
     n = len(result.changes)
     final = out / "ds_inference.json"
     summary = fill(SUMMARY["split" if n else "split nothing"], final=final, n=n)
-    details = result.to_markdown(lang)
+    details = _details(result, lang)
     return Step("split", "done", summary, list(result.findings), details,
                 data={"changes": n, "config": result.config}, artifacts=["ds_inference.json"])
 
@@ -225,54 +253,204 @@ def _step_trace(command, tmp: Path, timeout, lang, out: Path | None = None) -> t
     ) or "no rank reported"
     summary = fill(SUMMARY["trace"], command=_shell(command), status=result.status, seen=seen)
     artifacts = sorted(str(p.relative_to(tmp)) for p in (tmp / "trace").glob("*.png"))
-    return Step("effective", "done", summary, list(result.findings), result.to_markdown(lang),
+    return Step("effective", "done", summary, list(result.findings), _details(result, lang),
                 data={"trace": result.to_dict(lang)}, artifacts=artifacts), result
 
 
-def _step_ab(command, tmp: Path, timeout, lang) -> Step:
+def _step_ab(command, tmp: Path, timeout, lang) -> tuple[Step, object]:
     from dsdoctor.trace.api import ab
 
     result = ab(command, out=tmp / "ab", timeout=timeout)
     n, diag = len(result.variants), result.diagnosis
     summary = fill(SUMMARY["ab"], n=n, diagnosis={x: diag.message(x) for x in LANGS} if diag
                    else TEXT["no diagnosis"])
-    return Step("ab", "done", summary, list(result.findings), result.to_markdown(lang),
-                data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else [])
+    return Step("ab", "done", summary, list(result.findings), _details(result, lang),
+                data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else []), result
 
 
-def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None,
-               split_written: bool = True, traced_stage: int | None = None) -> Step:
+def current_path(stage, offload_param, tp_size=None) -> str:
+    """The plan path a config amounts to: ZeRO-3 (with its offload), tensor parallel, else plain."""
+    if stage == 3:
+        return {"cpu": "zero3-offload", "nvme": "zero3-offload-nvme"}.get(offload_param or "", "zero3")
+    return "tp" if (tp_size or 1) > 1 else "plain"
+
+
+def _compare_path(path: str) -> str | None:
+    """compare's name for a plan path (compare runs plain, zero3, zero3-offload and tp)."""
+    if path.startswith("tp"):
+        return "tp"
+    return path if path in ("plain", "zero3", "zero3-offload") else None
+
+
+def _launches(code: str | None) -> list[str]:
+    """The launch lines plan's emitted code names in its comments (``# deepspeed --num_gpus 1 run.py``)."""
+    out = []
+    for line in (code or "").splitlines():
+        text = line.lstrip("#").strip().rstrip("&").strip()
+        if line.startswith("#") and text.split(" ", 1)[0] in ("deepspeed", "torchrun", "python"):
+            out.append(text.replace("run.py", "your_infer.py"))
+    return out
+
+
+def _path_config(path: str, split_config: dict | None, recommended: dict | None) -> dict:
+    """The deepspeed.initialize config of a ZeRO-3 path: the split inference config where there is one (its
+    knobs kept), with offload_param as the path needs it (offload only when the path offloads)."""
+    cfg = copy.deepcopy(split_config) if split_config else copy.deepcopy(recommended or {})
+    cfg.setdefault("train_micro_batch_size_per_gpu", 1)
+    zero = cfg.setdefault("zero_optimization", {})
+    zero["stage"] = 3
+    want = ((recommended or {}).get("zero_optimization") or {}).get("offload_param")
+    have = zero.get("offload_param") if isinstance(zero.get("offload_param"), dict) else None
+    if path == "zero3":
+        zero.pop("offload_param", None)
+    elif want and (have is None or have.get("device") != want.get("device")):
+        zero["offload_param"] = copy.deepcopy(want)
+    return cfg
+
+
+def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None, tmp: Path,
+               split_config: dict | None = None, traced_stage: int | None = None,
+               current: str | None = None) -> Step:
+    """Step 5: the path step 2 recommends, with its code and commands: leave ZeRO-3 for a plain load or for
+    tensor parallelism (TP is not ZeRO-3), or keep ZeRO-3 with the config of that path (offload_param kept
+    only where the path offloads). merge and verify only when there are shards (``checkpoint``); compare the
+    tokens only then, against the path the config ran."""
     model_arg = shlex.quote(str(model))
+    rec = plan_result.recommended if plan_result is not None else None
+    code = rec.code if rec is not None else None
     if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
         # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
         return Step("exit", "done", fill(SUMMARY["keep plain"], stage=traced_stage), data={"path": path, "merged": None})
-    infer_cfg = shlex.quote(str(out / "ds_inference.json"))
     n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
-    compare_cmd = f"dsdoctor compare MERGED_DIR --paths plain,{'tp' if path == 'tp' else 'zero3'} --gpus {max(n, 2)}"
-    if path == "plain" or path is None:
-        ckpt = shlex.quote(str(checkpoint)) if checkpoint else "CKPT_DIR"
-        merged_dir = shlex.quote(str(out / "merged")) if checkpoint else "MERGED_DIR"
-        cmds = [] if merged else [f"dsdoctor merge {ckpt} {merged_dir} --dtype bf16 --model {model_arg}"]
-        cmds += [f"dsdoctor verify {merged_dir} --model {model_arg}",
-                 compare_cmd.replace("MERGED_DIR", merged_dir)]
-        summary = fill(SUMMARY["leave zero3"])
+    chosen = plan_result.path(path) if plan_result is not None and path else None
+    cmds: list[str] = []
+    shards = bool(checkpoint)
+    merged_dir = shlex.quote(str(out / "merged")) if shards else "MERGED_DIR"
+    if shards:  # the weights are ZeRO shards: ordinary weights first, checked against the model
+        if not merged:
+            cmds.append(f"dsdoctor merge {shlex.quote(str(checkpoint))} {merged_dir} --dtype bf16 --model {model_arg}")
+        cmds.append(f"dsdoctor verify {merged_dir} --model {model_arg}")
+    data = {"path": path, "merged": merged, "code": code, "config": None}
+    artifacts: list[str] = []
+    if path is None or path == "plain":
+        cmds += _launches(code)
+        summary = fill(SUMMARY["leave zero3 shards" if shards else "leave zero3"])
         if merged:
             more = fill(SUMMARY["merged"], summary=merged.get("summary", ""))
             summary = {lang: text + more[lang] for lang, text in summary.items()}
-    elif path == "tp":
-        cmds = [f"dsdoctor merge CKPT_DIR MERGED_DIR --dtype bf16 --model {model_arg}",
-                f"deepspeed --num_gpus {n} your_infer.py   # init_inference(tensor_parallel={{'tp_size': {n}}}, "
-                f"dtype=torch.bfloat16), no zero_optimization", compare_cmd]
-        summary = fill(SUMMARY["tp"], n=n)
+    elif path.startswith("tp"):
+        k = (chosen.tp if chosen is not None and chosen.tp else None) or n
+        replicas = chosen.replicas if chosen is not None else 1
+        cmds += _launches(code)
+        summary = fill(SUMMARY["tp groups" if replicas > 1 else "tp"], n=k, groups=replicas, total=k * replicas)
     else:
-        cmds = [f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {infer_cfg}", compare_cmd]
-        config = fill(SUMMARY["split config"], file=out / "ds_inference.json")
-        if not split_written:  # no ZeRO config was given or captured: nothing was split
-            cmds[0] = f"deepspeed --num_gpus {n} your_infer.py   # config: {{\"zero_optimization\": {{\"stage\": 3}}, " \
-                      "\"train_micro_batch_size_per_gpu\": 1}"
-            config = SUMMARY["any config"]
-        summary = fill(SUMMARY["keep zero3"], path=path, config=config)
-    return Step("exit", "done", summary, commands=cmds, data={"path": path, "merged": merged})
+        cfg = _path_config(path, split_config, rec.ds_config if rec is not None else None)
+        if split_config is not None and cfg == split_config:
+            name, where = "ds_inference.json", fill(SUMMARY["split config"], file=out / "ds_inference.json")
+        else:
+            name = f"ds_{path}.json"
+            door.write_new(tmp / name, to_json(cfg))
+            artifacts.append(name)
+            where = fill(SUMMARY["path config"], file=out / name, path=path)
+        data["config"] = cfg
+        cmds.append(f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / name))}")
+        summary = fill(SUMMARY["keep zero3"], path=path, config=where)
+    new, old = _compare_path(path or "plain"), _compare_path(current or "")
+    if shards and new and old and new != old:
+        k = (chosen.tp if chosen is not None and chosen.tp else n) if new == "tp" else n
+        cmds.append(f"dsdoctor compare {merged_dir} --paths {new},{old} --gpus {max(k, 2)}")
+    return Step("exit", "done", summary, commands=cmds, data=data, artifacts=artifacts)
+
+
+def _final_paths(steps: list[Step], tmp: Path, out: Path) -> None:
+    """The report names the files where they will be (``out``), never the folder it is being built in."""
+    def fix(value):
+        if isinstance(value, str):
+            return value.replace(str(tmp), str(out))
+        if isinstance(value, dict):
+            return {k: fix(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, Phrase):
+            return Phrase(value.key, fix(value.values))
+        return value
+
+    for step in steps:
+        step.details_md, step.summary = fix(step.details_md), fix(step.summary)
+        step.commands, step.data = fix(step.commands), fix(step.data)
+        for f in step.findings:
+            f.values = {k: fix(v) for k, v in f.values.items()}
+
+
+def _current(check_result, captured) -> str | None:
+    """The plan path the user's config (or traced run) amounts to: what "before" is."""
+    if check_result is not None and check_result.inference_config is not None:
+        return current_path(None, None, check_result.inference_config.tp_size)
+    if check_result is not None:
+        eff = check_result.effective
+        return current_path(eff.zero_stage, eff.offload_param.device)
+    if captured is not None and captured.stage is not None:
+        tp = (captured.init_inference or {}).get("tp_size")
+        return current_path(captured.stage, captured.offload_param, tp if isinstance(tp, int) else None)
+    return None
+
+
+def _summary(steps: list[Step], plan_result, path, current, traced, ab_result, command, checkpoint) -> Summary:
+    """The answer the report leads with (report/summary.py): verdict, actions, predicted before -> after."""
+    config_errors = [f for s in steps if s.key == "effective" and "trace" not in s.data for f in s.findings
+                     if f.effective_severity == "error"]
+    decisive = ab_result.diagnosis if ab_result is not None and ab_result.diagnosis is not None and \
+        ab_result.diagnosis.code in ("DSD316", "DSD317") else None
+    text = summary_verdict(failed_run=_failed_run(traced), ab=decisive, config_errors=config_errors,
+                           plan_result=plan_result, path=path, current=current)
+    exit_step = next((s for s in steps if s.key == "exit"), None)
+    return Summary(text, _actions(exit_step, plan_result, path, command, ab_result, checkpoint),
+                   path_figures(plan_result, current) if current != path else None, path_figures(plan_result, path))
+
+
+def _failed_run(run) -> tuple | None:
+    """(rank, {lang: how it ended}) of the rank that ended a failed traced run, from trace's endings."""
+    if run is None or run.status == "ok":
+        return None
+    from dsdoctor.trace.ending import ending_text
+
+    root = next((r for r in run.ranks if (r.ending or {}).get("kind") not in (None, "finished", "by-launcher")), None)
+    if root is None:
+        return "?", {lang: run.status for lang in LANGS}
+    return root.rank, {lang: ending_text(root.ending, lang) for lang in LANGS}
+
+def _actions(exit_step: Step | None, plan_result, path, command, ab_result, checkpoint) -> list[Action]:
+    """Up to three things to do, in order: the shards into weights (when there are shards), the way out of
+    step 5, then what confirms it (ab on the user's run, compare on the merged weights) or what DSD220 asks."""
+    if exit_step is None or exit_step.status != "done":
+        return []
+    cmds = exit_step.commands
+    shard_cmds = [c for c in cmds if c.startswith(("dsdoctor merge", "dsdoctor verify"))]
+    compare = [c for c in cmds if c.startswith("dsdoctor compare")]
+    launch = [c for c in cmds if c not in shard_cmds and c not in compare]
+    out = []
+    if shard_cmds:
+        out.append(Action(SUMMARY_TEXT["act-shards"], shard_cmds))
+    if path is None or path == "plain":
+        out.append(Action(SUMMARY_TEXT["act-plain"], launch))
+    elif path.startswith("tp"):
+        chosen = plan_result.path(path) if plan_result is not None else None
+        out.append(Action(fill(SUMMARY_TEXT["act-tp"], n=(chosen.tp if chosen is not None and chosen.tp else 1)),
+                          launch))
+    else:
+        config = launch[0].rsplit(" ", 1)[-1] if launch else "-"
+        out.append(Action(fill(SUMMARY_TEXT["act-zero3"], path=path, file=f"`{config}`"), launch))
+    if compare:
+        out.append(Action(SUMMARY_TEXT["act-compare"], compare))
+    elif command and ab_result is None:
+        out.append(Action(SUMMARY_TEXT["act-ab"], [f"dsdoctor ab --out ab -- {_shell(command)}"]))
+    elif not command:
+        out.append(Action(SUMMARY_TEXT["act-trace"], ["dsdoctor diagnose --out diag -- python your_infer.py"]))
+    fragmented = plan_result is not None and any(
+        f.code == "DSD220" and str(f.values.get("path")) == str(path) for f in plan_result.findings)
+    if fragmented:
+        out.append(Action(SUMMARY_TEXT["act-expandable"], ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]))
+    return out[:3]
 
 
 def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
@@ -302,6 +480,8 @@ class Captured:
     workload: dict | None = None
     world_size: int | None = None
     init_inference: dict | None = None  # the summary of an init_inference call (tp_size, ...)
+    init_inference_config: dict | None = None  # the config init_inference received (with its keyword arguments)
+    offload_param: str | None = None  # what DeepSpeed ran: cpu, nvme or None
     stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
     encoder_decoder: bool = False
     unreadable: str | None = None  # why the captured config could not be read, when it could not
@@ -316,6 +496,8 @@ class Captured:
                 c.config, c.config_api, c.config_source = r.config_captured, passed["api"], passed.get("source")
             if c.init_inference is None and passed.get("api") == "deepspeed.init_inference":
                 c.init_inference = dict(passed)
+                c.init_inference_config = r.config_captured if isinstance(r.config_captured, dict) else None
+            c.offload_param = c.offload_param or r.offload_param or passed.get("offload_param")
             if c.model_dir is None and r.model_captured and isinstance(r.model_captured.get("config"), dict):
                 m = r.model_captured
                 directory = door.make_dir(tmp / "model")
@@ -362,6 +544,18 @@ class Captured:
     def model_text(self) -> str:
         n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
         return f"captured from the run: {self.model_class or 'model'}, {n}"
+
+
+def _handed_zero(cfg: dict | None) -> bool:
+    """An init_inference config that carries a ZeRO section (``zero``, or a ZeRO config as ``args``)."""
+    if not isinstance(cfg, dict):
+        return False
+    from dsdoctor.config.inference_config import read_inference_config
+
+    try:
+        return bool(read_inference_config(cfg).zero)
+    except Exception:  # noqa: BLE001 -- a config beyond reading is reported as the run's, not checked here
+        return False
 
 
 def _unreadable_model(directory: Path) -> str | None:
@@ -438,6 +632,10 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         if command:
             trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
             captured = Captured.from_trace(traced, tmp)
+            if config is None and captured.config is None and _handed_zero(captured.init_inference_config):
+                config = captured.init_inference_config  # a ZeRO section init_inference ignores: check and split it
+                loaded = load_config(config)
+                sources["config"] = "captured from deepspeed.init_inference: a zero section it ignores"
             if config is None and captured.config is not None:
                 try:
                     loaded = load_config(captured.config_file() or captured.config)
@@ -465,11 +663,13 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
             dtype = captured.dtype
 
         config_is_zero = config is not None
+        check_result = None
         if config_is_zero:
-            step, _ = _step_effective(loaded, model, gpus, lang)
+            step, check_result = _step_effective(loaded, model, gpus, lang)
         else:
             step = _skipped("effective", _no_config_reason(captured))
         steps.append(step)
+        inference_cfg = check_result.inference_config if check_result is not None else None
         if trace_step is not None:
             steps.append(trace_step)
         plan_result = None
@@ -486,32 +686,44 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         else:
             plan_step = _skipped("need-zero3", SKIPPED["no model"])
         steps.append(plan_step)
-        if config_is_zero:
-            steps.append(_step_split(loaded, model, tmp, out, lang))
+        split_config = None
+        if config_is_zero and (inference_cfg is None or inference_cfg.zero):
+            split_step = _step_split(loaded, model, tmp, out, lang)
+            split_config = split_step.data["config"]
+        elif config_is_zero:  # an init_inference config without a ZeRO section: nothing to split
+            split_step = _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))
         else:
-            steps.append(_skipped("split", _no_config_reason(captured)))
+            split_step = _skipped("split", _no_config_reason(captured))
+        steps.append(split_step)
+        ab_result = None
         if command and _cuda_available():
-            steps.append(_step_ab(command, tmp, timeout, lang))
+            ab_step, ab_result = _step_ab(command, tmp, timeout, lang)
+            steps.append(ab_step)
         else:
             run = f"dsdoctor ab --out ab -- {_shell(command) if command else 'python your_infer.py'}"
             steps.append(_skipped("ab", SKIPPED["no gpu" if command else "no command"], commands=[run]))
         path = plan_result.recommended.path if plan_result is not None else None
         shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
             model == captured.model_dir else model
+        current = _current(check_result, captured)
         if plan_result is not None:
             merged, merge_findings = None, []
-            if checkpoint and (path in (None, "plain", "tp")):
+            if checkpoint and (path is None or not path.startswith("zero3")):
                 merged, merge_findings = _merge(checkpoint, model, tmp, lang)
-            exit_step = _exit_step(path, plan_result, shown_model, checkpoint, out, gpus, merged,
-                                   split_written=config_is_zero, traced_stage=captured.stage if captured else None)
+            exit_step = _exit_step(path, plan_result, shown_model, checkpoint, out, gpus, merged, tmp,
+                                   split_config=split_config, traced_stage=captured.stage if captured else None,
+                                   current=current)
             exit_step.findings += merge_findings
         else:
             exit_step = _skipped("exit", SKIPPED["no plan"])
         steps.append(exit_step)
+        _final_paths(steps, tmp, out)
         shown_config = config if not isinstance(config, dict) else out / "ds_config_captured.json"
+        summary = _summary(steps, plan_result, path, current, traced if command else None, ab_result, command,
+                           checkpoint)
         result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",
                                 str(shown_model) if shown_model is not None else "none", str(out), steps, path, lang,
-                                sources)
+                                sources, summary)
         write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
 

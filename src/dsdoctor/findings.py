@@ -19,7 +19,8 @@ An entry of a ``rules.json``::
                      "zh": {...the same four sections...}}}
 
 Finding values carry no language: numbers, names, sizes, or a ``Phrase`` (a key into the rule's ``phrases``
-table plus the values that fill it) where the wording differs by language.
+table plus the values that fill it) where the wording differs by language, or a ``{lang: text}`` dict of UI text
+that another module renders (``i18n.fill`` of a messages.json entry, such as how a rank ended).
 """
 from __future__ import annotations
 
@@ -148,6 +149,8 @@ class Finding:
         if isinstance(value, Phrase):
             inner = _Values({k: self._render(v, lang) for k, v in value.values.items()})
             return pick(self.rule.phrases[value.key], lang).format_map(inner)
+        if isinstance(value, dict) and set(value) == set(LANGS):  # UI text from messages.json, filled (i18n.fill)
+            return value[lang] if lang in value else value["en"]
         return value
 
     def message(self, lang: str = "en") -> str:

@@ -65,6 +65,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def tree_cpu_seconds(root: int) -> float | None:
+    """CPU seconds ``root`` and its live descendants have used, reaped children included (utime + stime +
+    cutime + cstime of /proc/PID/stat): a rank that compiles in a child process still shows its work. None
+    when ``root`` has ended or cannot be read."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, found = 0, False
+    for pid in process_tree(root):
+        raw = door.read_proc(f"/proc/{pid}/stat", 1 << 16)
+        try:
+            fields = (raw or b"").rsplit(b")", 1)[1].split()
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # fields 14-17 of stat(5)
+            found = found or pid == root
+        except (IndexError, ValueError):
+            continue
+    return total / ticks if found else None
+
+
 def terminate_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM ``proc`` and every descendant, wait up to ``grace_s`` for all of them, then SIGKILL the rest."""
     tree = process_tree(proc.pid)

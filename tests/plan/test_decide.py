@@ -237,3 +237,35 @@ def test_library_api_plan_works_after_the_package_is_imported():
 
     r = dsdoctor.api.plan(LLAMA_7B, gpus=1, gpu_memory="80GB", detect=False, counts="formula")
     assert r.recommended.path == "plain"
+
+
+def test_first_generate_term_beside_the_steady_state_speed():
+    """plan's tokens/s is a repeated generate's; the first generate of a process pays once per new KV-cache
+    length (FACTS: 7B, batch 4 on an H200, 55 then ~160 tokens/s). A plain term: the steady figures stay."""
+    from dsdoctor.plan.speed import NEW_LENGTH_S
+
+    r = _plan(LLAMA_7B, 1, batch=4, prompt_len=512, new_tokens=256)
+    for p in r.paths:
+        assert p.first_generate_extra_s == pytest.approx(256 * NEW_LENGTH_S, abs=1e-3)
+        steady_s = 4 * 256 / p.tokens_per_s
+        assert p.first_generate_tokens_per_s == pytest.approx(4 * 256 / (steady_s + p.first_generate_extra_s),
+                                                              rel=1e-3)
+        assert p.first_generate_tokens_per_s < p.tokens_per_s
+    plain = r.path("plain")
+    assert 2.0 < plain.tokens_per_s / plain.first_generate_tokens_per_s < 3.5  # the measured 2.2-3x
+    assert "the first generate of a process takes about 10.2s longer" in r.to_text("en")
+    assert r.to_dict()["paths"][0]["first_generate_extra_s"] == plain.first_generate_extra_s
+
+
+def test_a_calibrated_per_length_figure_replaces_the_assumed_one():
+    from dsdoctor.plan.hardware import make_hardware
+    from dsdoctor.plan.speed import figures_for, first_generate_extra_s
+    from dsdoctor.plan.workload import make_workload
+
+    class Profile:
+        measured = {"new_length_s": 0.01}
+
+    hw = make_hardware(gpus=1, gpu_memory="80GB", host_memory="1TiB", detect=False, gpu_name="H100")
+    wl = make_workload(batch=1, prompt_len=16, new_tokens=100, dtype="bf16", model_dtype="bf16")
+    assert first_generate_extra_s(wl, figures_for(hw, Profile())) == pytest.approx(1.0)
+    assert "new_length_s" not in figures_for(hw, None).assumed  # never listed in DSD205

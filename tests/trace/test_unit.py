@@ -164,7 +164,8 @@ def _v(name, status="ok", gpu=None, host=None, tps=None, offload="cpu"):
 @pytest.mark.parametrize("rows,code", [
     # the expert's verdict (DSD346) leads whenever it can be drawn: here gathering dominates (DSD310's reading)
     ([_v("as-is", gpu=40 * GiB, tps=10), _v("no-offload-param", gpu=31 * GiB, tps=11)], "DSD346"),
-    ([_v("as-is", "oom"), _v("no-offload-param", gpu=31 * GiB)], "DSD310"),
+    # as-is fails where a variant runs: that is decisive, the variant is the fix (issue 21); DSD310's reading stays
+    ([_v("as-is", "oom"), _v("no-offload-param", gpu=31 * GiB)], "DSD316"),
     ([_v("as-is", "oom"), _v("no-offload-param", "oom")], "DSD311"),
     # ... and here the host-to-device copy (DSD312's reading)
     ([_v("as-is", gpu=20 * GiB, tps=3), _v("no-offload-param", gpu=30 * GiB, tps=41)], "DSD346"),
@@ -184,6 +185,10 @@ def test_ab_diagnosis_table(rows, code):
     assert result.to_dict("zh")["diagnosis"]["message"]
     head = result.to_text("en").split("diagnosis: ", 1)[1].splitlines()[0]
     assert head.startswith(code)
+    if code == "DSD316":  # the reading it supersedes as the diagnosis is still reported beside it
+        assert "DSD310" in {f.code for f in result.findings}
+        assert head.startswith("DSD316 no-offload-param runs where as-is OOM") and \
+            "delete zero_optimization.offload_param" in result.to_text("en")
     if code == "DSD346":  # the single comparison it is drawn from is still reported beside it
         assert {"DSD310", "DSD312"} & {f.code for f in result.findings}
         assert head.split(" ", 1)[1].startswith(("gathering dominates", "host-to-device bottleneck"))

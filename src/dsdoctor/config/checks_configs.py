@@ -118,8 +118,10 @@ def init_inference_findings(settings: InferenceSettings, spec: ModelSpec | None,
     if settings.zero:
         dtype, note = pick_dtype(gpu_name)
         cfg = json.dumps(meant_config(settings.zero, dtype))
-        out.append(Finding("DSD122", {"asked": _describe_zero(settings.zero), "config": cfg, "dtype_note": note,
-                                      "config_dict": meant_config(settings.zero, dtype)}))
+        section = Phrase("in-args", {"key": settings.zero_source}) if settings.zero_source in ("args", "config") \
+            else Phrase("in-zero")
+        out.append(Finding("DSD122", {"section": section, "asked": _describe_zero(settings.zero), "config": cfg,
+                                      "dtype_note": note, "config_dict": meant_config(settings.zero, dtype)}))
     if not settings.dtype_set:
         md = spec.dtype if spec else None
         if md == "bf16":

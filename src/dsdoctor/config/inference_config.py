@@ -38,8 +38,9 @@ class InferenceSettings:
     enable_cuda_graph: bool
     max_out_tokens: int
     checkpoint: str | None
-    zero: dict | None  # the zero section as written (it does nothing there)
+    zero: dict | None  # the zero section as written (it does nothing there), or a ZeRO config's in args/config
     invalid: list[tuple[str, str]] = field(default_factory=list)
+    zero_source: str | None = None  # "zero" (the legacy section), "args" or "config" (a ZeRO config handed there)
 
     def to_dict(self) -> dict:
         return {"dtype": self.dtype, "dtype_set": self.dtype_set, "tp_size": self.tp_size, "tp_source": self.tp_source,
@@ -158,9 +159,21 @@ def read_inference_config(raw: dict) -> InferenceSettings:  # noqa: C901,PLR0912
         max_out = _as_int("max_out_tokens", raw.get("max_out_tokens", raw.get("max_tokens", 1024)), minimum=-(2**63))
     except InputError:
         max_out = 1024
-    return InferenceSettings(
+    settings = InferenceSettings(
         dtype=dtype, dtype_set=dtype_set, tp_size=tp_size, tp_source=tp_source,
         kernel_inject=flag("replace_with_kernel_inject", "kernel_inject"), enable_cuda_graph=flag("enable_cuda_graph"),
         max_out_tokens=max_out, checkpoint=ckpt if isinstance(ckpt, str) else ("dict" if isinstance(ckpt, dict) else None),
-        zero=zero, invalid=invalid,
+        zero=zero, invalid=invalid, zero_source="zero" if zero is not None else None,
     )
+    return settings if zero is not None else _with_handed_zero(raw, settings)
+
+
+def _with_handed_zero(raw: dict, settings: InferenceSettings) -> InferenceSettings:
+    """A ZeRO (training) config handed to init_inference as ``args=`` (or its alias ``config``): the
+    DeepSpeedInferenceConfig takes it as the model's config, and its zero_optimization does nothing there."""
+    for key in ("args", "config"):
+        handed = raw.get(key)
+        if isinstance(handed, dict) and isinstance(handed.get("zero_optimization"), dict):
+            settings.zero, settings.zero_source = dict(handed["zero_optimization"]), key
+            break
+    return settings

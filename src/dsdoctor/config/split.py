@@ -85,9 +85,7 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
     from dsdoctor.config.runner import is_init_inference_config
 
     if is_init_inference_config(loaded.raw):
-        raise InputError("is a deepspeed.init_inference config (dtype, tensor_parallel, ...): split writes "
-                         "deepspeed.initialize configs", path=loaded.ref_path or loaded.path,
-                         hint=f"dsdoctor check {loaded.name} shows what init_inference makes of it")
+        return _init_inference_config(loaded.raw)
     spec = load_model_spec(model) if model is not None else None
     eff, _hf = read_both(loaded, spec)
     raw = loaded.raw
@@ -197,6 +195,23 @@ def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) 
                 for sub in list(value):
                     if value[sub] == AUTO:
                         drop(value, sub, f"{key}.{sub}", TEXT["auto dropped"])
+    return new, changes
+
+
+def _init_inference_config(raw: dict) -> tuple[dict, list[Change]]:
+    """An init_inference config is already an inference config: it stays as it is, unless it carries a ZeRO
+    section (``zero``, or a ZeRO config handed as ``args``) that init_inference ignores (DSD122); then the
+    deepspeed.initialize config that does what that section asked for (stage 3 and its offload_param)."""
+    from dsdoctor.config.checks_configs import meant_config, pick_dtype
+    from dsdoctor.config.inference_config import read_inference_config
+
+    settings = read_inference_config(raw)
+    if not settings.zero:
+        return copy.deepcopy(raw), []
+    dtype = settings.dtype if settings.dtype_set and settings.dtype in ("bf16", "fp16") else pick_dtype(None)[0]
+    new = meant_config(settings.zero, dtype)
+    changes = [Change(k, "drop", raw[k], None, TEXT["init_inference key"]) for k in raw]
+    changes += [Change(k, "set", None, v, TEXT["init_inference meant"]) for k, v in new.items()]
     return new, changes
 
 

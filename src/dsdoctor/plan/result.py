@@ -51,6 +51,8 @@ class PathPlan:
     speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
     verdict: str = "fits"  # fits | does not fit | unverified (fits only without an unmeasured assumption)
     reserved_assumption: dict | None = None  # several ranks: what the reserved figure assumes (paths/base.host_ahead)
+    first_generate_extra_s: float = 0.0  # the first generate of a process: this much longer (new KV lengths)
+    first_generate_tokens_per_s: float = 0.0  # tokens_per_s is the steady state (a repeated generate)
 
     def to_dict(self) -> dict:
         return {
@@ -67,6 +69,8 @@ class PathPlan:
             "estimate": self.estimate,
             "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
             "verdict": self.verdict, "reserved_assumption": self.reserved_assumption,
+            "first_generate_extra_s": self.first_generate_extra_s,
+            "first_generate_tokens_per_s": self.first_generate_tokens_per_s,
         }
 
 
@@ -166,6 +170,14 @@ class PlanResult:
         return pick(TEXT["loading"], lang).format(version=version, source=pick(TEXT.get(f"source {source}", source), lang),
                                                   behaviour=pick(TEXT[f"loader {self.loading['loader']}"], lang))
 
+    def _first_generate(self, lang: str) -> str:
+        """The speed term users see first: tok/s/rank is the steady state; the first generate takes longer."""
+        p = self.path(self.recommended.path) if self.recommended.path else None
+        if p is None or not p.first_generate_extra_s:
+            return ""
+        return pick(TEXT["first generate"], lang).format(path=p.name, extra=p.first_generate_extra_s,
+                                                        first=p.first_generate_tokens_per_s, steady=p.tokens_per_s)
+
     def _breakdown_lines(self, lang: str) -> list[str]:
         lines = []
         for p in self.paths:
@@ -198,6 +210,9 @@ class PlanResult:
             out.append("\n".join(host) + "\n")
         if any(p.estimate for p in self.paths):
             out.append(pick(TEXT["estimate"], lang) + "\n")
+        first = self._first_generate(lang)
+        if first:
+            out.append(first + "\n")
         rec = self.recommended
         if rec.path:
             out.append(f"{pick(TEXT['recommended'], lang)}: {rec.path}: {pick(rec.why, lang)}\n")
@@ -210,6 +225,9 @@ class PlanResult:
         out = [pick(TEXT["title"], lang), self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
         brows = [(p.name, label(k, lang), human_bytes(v)) for p in self.paths for k, v in p.breakdown.items()]
         out += [markdown_table(pick(TEXT["part head"], lang), brows), "\n"]
+        first = self._first_generate(lang)
+        if first:
+            out.append(first + "\n\n")
         rec = self.recommended
         if rec.path:
             out.append(f"**{pick(TEXT['recommended'], lang).capitalize()}**"

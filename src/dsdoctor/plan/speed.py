@@ -34,6 +34,13 @@ ASSUMED = {
     "h2d_latency_s": 10e-6,
     "pageable_factor": 0.35,  # pageable / pinned host-to-device
 }
+# The first generate of a process pays once for every KV-cache length it creates (per-shape setup of the
+# attention kernels and new caching-allocator blocks for the growing cache), cached for every later generate
+# of those lengths. Measured on H200s: 1.1 s + 33 ms per new token over 31 cold first generates (7B-class and
+# smaller, batch 1-64, bench/speed runs 1-5), 48 ms per new token for a full generate after a short warm-up
+# (7B, batch 4: 55 then ~160 tokens/s, shared/FACTS.md); expandable_segments did not change it (3 H200 pairs,
+# runs 1-2). A figure of the host and its driver, not of the model: calibrate does not measure it yet.
+NEW_LENGTH_S = 0.04
 HBM_EFFICIENCY = 0.8
 LINK_EFFICIENCY = 0.7
 PREFILL_MFU = 0.6
@@ -72,6 +79,7 @@ def figures_for(hw, profile=None) -> Figures:
     collective = ("autotp_allreduce_s", "allgather_latency_s")
     values = {k: (pick(k, v) if multi or k not in collective else prof.get(k, v))
               for k, v in ASSUMED.items() if k != "pageable_factor"}
+    values["new_length_s"] = prof.get("new_length_s", NEW_LENGTH_S)  # never listed as assumed (DSD205)
     for kind in ("layer", "token"):  # the batch dependence: measured at 16 and 64 when profiled
         for b in (16, 64):
             key = f"eager_{kind}_s_b{b}"
@@ -217,6 +225,20 @@ def _prefill_s(shape, wl, tp: int, f: Figures) -> float:
         att += 4 * B * S * ctx * shape.q_dim / tp / (2 if ctx == S else 1) / f.attention_flops
     elementwise = shape.layers * M * _elementwise_bytes_per_token(shape, b, tp) / f.hbm_read
     return mm + att + elementwise
+
+
+def first_generate_extra_s(wl, figures: Figures) -> float:
+    """How much longer the first generate of a process takes than a repeated one of the same size: one setup
+    per KV-cache length it creates (the prompt's, then one per new token)."""
+    return wl.new_tokens * figures.values.get("new_length_s", NEW_LENGTH_S)
+
+
+def first_generate_tokens_per_s(tokens_per_s: float, wl, figures: Figures) -> float:
+    """tokens/s of the first generate (steady-state ``tokens_per_s`` plus the first call's extra time)."""
+    if not tokens_per_s:
+        return 0.0
+    steady = wl.batch * wl.new_tokens / tokens_per_s
+    return wl.batch * wl.new_tokens / (steady + first_generate_extra_s(wl, figures))
 
 
 def estimate_speed(shape, wl, figures: Figures, terms: StepTerms | None = None) -> Speed:

@@ -8,6 +8,8 @@ Results go to stdout; logs and hints to stderr.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import sys
 from dataclasses import dataclass
@@ -74,7 +76,26 @@ def findings_text(findings: list[Finding], lang: str, style: Style) -> str:
     return "\n".join(lines) + "\n"
 
 
+_OMIT_FINDINGS = contextvars.ContextVar("dsdoctor_omit_findings", default=False)
+
+
+@contextlib.contextmanager
+def without_findings():
+    """Render a result's Markdown without its findings (a report that lists them once elsewhere)."""
+    token = _OMIT_FINDINGS.set(True)
+    try:
+        yield
+    finally:
+        _OMIT_FINDINGS.reset(token)
+
+
+def findings_omitted() -> bool:
+    return _OMIT_FINDINGS.get()
+
+
 def findings_markdown(findings: list[Finding], lang: str) -> str:
+    if _OMIT_FINDINGS.get():
+        return ""
     if not findings:
         return "_" + pick(TEXT["no findings markdown"], lang) + "_\n"
     head = pick(TEXT["head markdown"], lang)

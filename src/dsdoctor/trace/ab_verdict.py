@@ -115,7 +115,7 @@ def _verdict(variants, att: dict, profile) -> dict | None:
             share = Phrase("gathered-share", {"size": human_bytes(g)}) if g else ""
             return {"verdict": Phrase("gathering", {"before": human_bytes(b_peak), "after": human_bytes(n_peak),
                                                     "share": share}),
-                    "advice": Phrase("advice-gathering")}
+                    "advice": _drop_offload(nop) if not _slower(nop, base) else Phrase("advice-gathering")}
     if a:
         act = sum(a["parts"].get(k, 0) for k in ("kv_cache", "activations", "logits"))
         if act >= 0.5 * a["measured"]:
@@ -140,4 +140,27 @@ def _h2d(base, nop, unpinned, a, profile) -> dict:
     if unpinned is not None and unpinned.tokens_per_s and base.tokens_per_s:
         bits.append(Phrase("h2d-unpinned", {"unpinned": f"{unpinned.tokens_per_s:.1f}",
                                             "pinned": f"{base.tokens_per_s:.1f}"}))
-    return {"verdict": Phrase("h2d", {"bits": Phrase.join("and", bits)}), "advice": Phrase("advice-h2d")}
+    # the seed's weighing: offload only when the model does not fit without it (here it ran without);
+    # pin_memory is what measured better when both were run
+    advice = _drop_offload(nop) if nop.status == "ok" else _pin_advice(base, unpinned) or Phrase("advice-h2d")
+    return {"verdict": Phrase("h2d", {"bits": Phrase.join("and", bits)}), "advice": advice}
+
+
+def _slower(a, b) -> bool:
+    """``a`` ran clearly slower than ``b`` (both measured)."""
+    return bool(a.tokens_per_s and b.tokens_per_s and a.tokens_per_s < b.tokens_per_s * (1 - NOISE))
+
+
+def _drop_offload(nop) -> Phrase:
+    peak, kind = _measured(nop)
+    rate = f"{nop.tokens_per_s:.1f}" if nop.tokens_per_s else "-"
+    return Phrase("advice-drop-offload", {"peak": human_bytes(peak), "kind": kind, "tps": rate})
+
+
+def _pin_advice(base, unpinned) -> Phrase | None:
+    """pin_memory as measured: keep it when unpinned ran clearly slower, else turn it off (page-locked host
+    memory cannot be swapped or shared) when unpinned ran about as fast."""
+    if unpinned is None or unpinned.status != "ok" or not (unpinned.tokens_per_s and base.tokens_per_s):
+        return None
+    values = {"pinned": f"{base.tokens_per_s:.1f}", "unpinned": f"{unpinned.tokens_per_s:.1f}"}
+    return Phrase("advice-pin-on" if _slower(unpinned, base) else "advice-pin-off", values)

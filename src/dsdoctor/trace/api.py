@@ -14,7 +14,7 @@ from pathlib import Path
 from dsdoctor import door
 from dsdoctor.errors import InputError
 from dsdoctor.report.render import write_report
-from dsdoctor.trace import multinode
+from dsdoctor.trace import ending, multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.loop_rules import follow_measurement
@@ -42,7 +42,11 @@ def _trace_into(directory: Path, command: list[str], variant: str | None, timeou
                           log_path=directory / "output.log", echo=echo)
     records = read_records(directory / "records")
     ranks = [summarize_rank(r, outcome.timed_out) for r in records]
+    evidence = ending.Evidence.of(outcome)
+    ending.apply_progress(ranks, evidence.progress)
     status = run_status(ranks, outcome.returncode, outcome.timed_out, outcome.output_tail)
+    ending.describe(ranks, records, evidence)
+    status = ending.refine_status(status, ranks)
     log = f"{final_dir}/output.log" if final_dir else None
     findings = trace_findings(ranks, records, status, outcome.returncode, timeout, log, outcome.output_tail,
                               timed_out=outcome.timed_out)

@@ -11,8 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.i18n import message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.i18n import LANGS, message_table, pick
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_omitted,
+    findings_text,
+    markdown_table,
+    text_table,
+)
+from dsdoctor.trace.ending import ending_text, evidence_text
 from dsdoctor.trace.report import TraceResult
 from dsdoctor.units import human_bytes
 
@@ -20,7 +28,9 @@ TEXT = message_table("trace.diagnose_ab.TEXT")  # the texts live in dsdoctor/mes
 NOISE = 0.10
 # ab's main diagnosis, the first of these it found: the expert's verdict in numbers (DSD346) comes before
 # the single comparisons it is drawn from (DSD310, DSD312) and before "nothing changed decisively" (DSD313)
-PRIORITY = ("DSD320", "DSD332", "DSD346", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314", "DSD313")
+PRIORITY = ("DSD320", "DSD316", "DSD317", "DSD332", "DSD346", "DSD311", "DSD310", "DSD312", "DSD315", "DSD314",
+            "DSD313")
+FAILED = ("oom", "hang", "error", "timeout", "killed")  # a run that did not get to its end
 
 
 @dataclass
@@ -42,22 +52,57 @@ class VariantResult:
     generate_peak_gpu_bytes: int | None = None
     generate_peak_host_bytes: int | None = None
     shape: dict | None = None  # model config, workload, ranks and path the trace recorded (ab_verdict)
+    optimizer: str | None = None  # the optimizer DeepSpeed built, else the one the config asked for
+    config_source: str | None = None  # the config file the run passed, when it passed one
+    endings: list[dict] = field(default_factory=list)  # how each rank that did not finish ended (trace/ending.py)
+    tokens_per_s_kind: str | None = None  # "steady" (generates after the first) or "first" (one generate)
 
     @classmethod
     def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> VariantResult:
         stopped = [f"rank {r.rank} in {r.stopped_in}" + (f" ({r.where})" if r.where else "")
-                   for r in t.ranks if r.stopped_in]
+                   for r in t.ranks if r.stopped_in and r.status in ("timeout", "hang")]
         stopped += [f"rank {r.rank} OOM in " + next((p["label"] for p in r.phases if p.get("error")), "?")
-                    for r in t.ranks if r.status == "oom"]
+                    for r in t.ranks if r.status == "oom" and (r.ending or {}).get("kind") != "oom-killer"]
+        endings = [dict(r.ending, rank=r.rank) for r in t.ranks
+                   if r.ending and r.ending.get("kind") not in ("finished", None)]
+        stopped += [f"rank {e['rank']} {ending_text(e, 'en')}" for e in endings
+                    if e["kind"] not in ("hang", "timeout", "cuda-oom")]
         offload = next((r.offload_param for r in t.ranks if r.offload_param), None)
         gen = [p for r in t.ranks for p in r.phases if p.get("name") == "generate"]
         gen_gpu = max((p["peak_gpu_allocated_bytes"] for p in gen if p.get("peak_gpu_allocated_bytes")), default=None)
         gen_host = max((p["peak_host_bytes"] for p in gen if p.get("peak_host_bytes")), default=None)
         from dsdoctor.trace.ab_verdict import shape_of
 
+        passed = next((r.config_passed for r in t.ranks if r.config_passed), None) or {}
+        optimizer = next((r.optimizer for r in t.ranks if r.optimizer), None) or passed.get("optimizer")
+        source = passed.get("source")
         return cls(name, description, t.status, t.peak_gpu_bytes, t.peak_host_bytes, t.tokens_per_s, t.wall_s,
-                   t.returncode, offload, stopped, [f.code for f in t.findings], report, gen_gpu, gen_host,
-                   shape_of(t))
+                   t.returncode, offload or passed.get("offload_param"), stopped, [f.code for f in t.findings],
+                   report, gen_gpu, gen_host, shape_of(t), optimizer,
+                   source if isinstance(source, str) and source not in ("dict", "kwargs") else None, endings,
+                   t.ranks[0].tokens_per_s_kind if t.ranks else None)
+
+    def failure(self) -> dict | None:
+        """How this run failed, as its first failing rank ended (a {lang: text}), or None when it ran."""
+        if self.status not in FAILED:
+            return None
+        order = ("oom-killer", "signal", "cuda-oom", "host-oom", "exception", "collective-timeout", "hang", "timeout")
+        root = min(self.endings, key=lambda e: order.index(e["kind"]) if e["kind"] in order else len(order),
+                   default=None)
+        if root is None:
+            return {lang: self.status.upper() for lang in LANGS}
+        texts = {}
+        for lang in LANGS:
+            text = ending_text(root, lang)
+            evidence = evidence_text(root, lang) if root["kind"] in ("oom-killer", "signal") else ""
+            texts[lang] = f"{text} ({evidence})" if evidence else text
+        return texts
+
+    def stopped_text(self, lang: str) -> str:
+        """The "how it ended" column: each rank that did not finish, in ``lang``."""
+        if not self.endings:
+            return "; ".join(self.stopped) or "-"
+        return "; ".join(f"rank {e['rank']} {ending_text(e, lang)}" for e in self.endings)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -88,19 +133,20 @@ class AbResult:
             "out_dir": self.out_dir,
         }
 
-    def _rows(self):
+    def _rows(self, lang: str = "en"):
         for v in self.variants:
+            kind = pick(TEXT[f"tps-{v.tokens_per_s_kind}"], lang) if v.tokens_per_s_kind in ("steady", "first") else "-"
             yield (v.name, v.status, human_bytes(v.generate_peak_gpu_bytes), human_bytes(v.peak_gpu_bytes),
                    human_bytes(v.peak_host_bytes),
-                   "-" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}", f"{v.wall_s:.1f}s",
-                   "; ".join(v.stopped) or "-")
+                   "-" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}", kind, f"{v.wall_s:.1f}s",
+                   v.stopped_text(lang))
 
     def _head(self, lang):
         return pick(TEXT["head"], lang)
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        out = [f"dsdoctor ab: {' '.join(self.command)}\n\n", text_table(self._head(lang), list(self._rows())), "\n"]
+        out = [f"dsdoctor ab: {' '.join(self.command)}\n\n", text_table(self._head(lang), list(self._rows(lang))), "\n"]
         d = self.diagnosis
         if d:
             out.append(f"{pick(TEXT['diagnosis'], lang)}: {d.code} {d.message(lang)}\n  {style.arrow} {d.fix(lang)}\n\n")
@@ -111,10 +157,11 @@ class AbResult:
 
     def to_markdown(self, lang: str = "en") -> str:
         d = self.diagnosis
-        out = [f"# dsdoctor ab\n\n`{' '.join(self.command)}`\n\n", markdown_table(self._head(lang), list(self._rows()))]
+        out = [f"# dsdoctor ab\n\n`{' '.join(self.command)}`\n\n", markdown_table(self._head(lang), list(self._rows(lang)))]
         if d:
             out.append(f"\n**{pick(TEXT['Diagnosis'], lang)}: {d.code}** {d.message(lang)}\n\n→ {d.fix(lang)}\n")
-        out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
+        if not findings_omitted():
+            out += ["\n## Findings\n\n", findings_markdown(self.findings, lang)]
         return "".join(out)
 
 
@@ -171,7 +218,7 @@ def _lower(a, b) -> bool:
     return a is not None and b is not None and a < b * (1 - NOISE)
 
 
-def diagnose(variants: list[VariantResult]) -> list[Finding]:  # noqa: C901
+def diagnose(variants: list[VariantResult]) -> list[Finding]:
     gpu = any(v.peak_gpu_bytes is not None for v in variants)
     kind = Phrase("gpu" if gpu else "host")
     by = {v.name: v for v in variants}
@@ -179,52 +226,150 @@ def diagnose(variants: list[VariantResult]) -> list[Finding]:  # noqa: C901
     out: list[Finding] = []
 
     if base and nop and base.offload_param:
-        b, n = _metric(base, gpu), _metric(nop, gpu)
-        if base.status == "oom" and nop.status == "oom":
-            out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": Phrase("oom-both")}))
-        elif base.status == "oom" and nop.status == "ok":
-            out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
-        elif base.status == "ok" and nop.status == "oom":
-            rate = f", {base.tokens_per_s:.1f} tokens/s" if base.tokens_per_s else ""
-            out.append(Finding("DSD315", {"without": "OOM", "with_": human_bytes(b), "kind": kind,
-                                          "speed": rate}))
-        elif base.status == "ok" and nop.status == "ok":
-            if _lower(n, b):
-                out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
-            what = []
-            if base.tokens_per_s and nop.tokens_per_s and base.tokens_per_s < 0.5 * nop.tokens_per_s:
-                what.append(Phrase("slower", {"before": nop.tokens_per_s, "after": base.tokens_per_s}))
-            if gpu and _lower(nop.peak_host_bytes, (base.peak_host_bytes or 0) / 1.5 / (1 - NOISE)):
-                what.append(Phrase("host-grows", {"before": human_bytes(nop.peak_host_bytes),
-                                                  "after": human_bytes(base.peak_host_bytes)}))
-            if what:
-                both = what[0] if len(what) == 1 else Phrase("both", {"a": what[0], "b": what[1]})
-                out.append(Finding("DSD312", {"what": both}))
+        out += _offload_findings(base, nop, gpu, kind)
     if base and split:
-        b, s = _metric(base, gpu), _metric(split, gpu)
-        speed = ""
-        if base.tokens_per_s and split.tokens_per_s:
-            speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
-        if base.status == "oom" and split.status == "ok":
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
-                                          "after": human_bytes(s), "speed": speed}))
-        elif base.status == "ok" and split.status == "ok" and _lower(s, b):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
-                                          "after": human_bytes(s), "speed": speed}))
-        elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
-                                                                                base.peak_host_bytes):
-            out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
-                                          human_bytes(base.peak_host_bytes), "after":
-                                          human_bytes(split.peak_host_bytes), "speed": speed}))
+        out += _split_findings(base, split, gpu, kind)
     from dsdoctor.trace.loop_rules import gather_once_diagnosis
 
     out += gather_once_diagnosis(variants, gpu)
-    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD332") for f in out):
+    decisive = fix_verdict(variants, gpu) or same_failure(variants, out)
+    if decisive is not None:
+        out.append(decisive)
+    if not any(f.code in ("DSD310", "DSD311", "DSD312", "DSD314", "DSD315", "DSD316", "DSD317", "DSD332")
+               for f in out):
         out.append(Finding("DSD313", {"summary": _summary(variants, gpu)}))
     from dsdoctor.trace.ab_verdict import findings as verdict_findings
 
     out += verdict_findings(variants, _machine_profile())
     return sort_findings(out)
+
+
+def _offload_findings(base: VariantResult, nop: VariantResult, gpu: bool, kind) -> list[Finding]:
+    """DSD310/311/312/315: as-is against the same config without offload_param."""
+    out: list[Finding] = []
+    b, n = _metric(base, gpu), _metric(nop, gpu)
+    if base.status == "oom" and nop.status == "oom":
+        out.append(Finding("DSD311", {"with_": "OOM", "without": "OOM", "oom": Phrase("oom-both")}))
+    elif base.status == "oom" and nop.status == "ok":
+        out.append(Finding("DSD310", {"with_": "OOM", "without": human_bytes(n)}))
+    elif base.status == "ok" and nop.status == "oom":
+        rate = f", {base.tokens_per_s:.1f} tokens/s" if base.tokens_per_s else ""
+        out.append(Finding("DSD315", {"without": "OOM", "with_": human_bytes(b), "kind": kind,
+                                      "speed": rate}))
+    elif base.status == "ok" and nop.status == "ok":
+        if _lower(n, b):
+            out.append(Finding("DSD310", {"with_": human_bytes(b), "without": human_bytes(n)}))
+        what = []
+        if base.tokens_per_s and nop.tokens_per_s and base.tokens_per_s < 0.5 * nop.tokens_per_s:
+            what.append(Phrase("slower", {"before": nop.tokens_per_s, "after": base.tokens_per_s}))
+        if gpu and _lower(nop.peak_host_bytes, (base.peak_host_bytes or 0) / 1.5 / (1 - NOISE)):
+            what.append(Phrase("host-grows", {"before": human_bytes(nop.peak_host_bytes),
+                                              "after": human_bytes(base.peak_host_bytes)}))
+        if what:
+            both = what[0] if len(what) == 1 else Phrase("both", {"a": what[0], "b": what[1]})
+            out.append(Finding("DSD312", {"what": both}))
+    return out
+
+
+def _split_findings(base: VariantResult, split: VariantResult, gpu: bool, kind) -> list[Finding]:
+    """DSD314: the split config against as-is."""
+    out: list[Finding] = []
+    b, s = _metric(base, gpu), _metric(split, gpu)
+    speed = ""
+    if base.tokens_per_s and split.tokens_per_s:
+        speed = f" ({base.tokens_per_s:.1f} -> {split.tokens_per_s:.1f} tokens/s)"
+    if base.status == "oom" and split.status == "ok":
+        out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": "OOM",
+                                      "after": human_bytes(s), "speed": speed}))
+    elif base.status == "ok" and split.status == "ok" and _lower(s, b):
+        out.append(Finding("DSD314", {"variant": split.name, "kind": kind, "before": human_bytes(b),
+                                      "after": human_bytes(s), "speed": speed}))
+    elif base.status == "ok" and split.status == "ok" and gpu and _lower(split.peak_host_bytes,
+                                                                            base.peak_host_bytes):
+        out.append(Finding("DSD314", {"variant": split.name, "kind": Phrase("host"), "before":
+                                      human_bytes(base.peak_host_bytes), "after":
+                                      human_bytes(split.peak_host_bytes), "speed": speed}))
+    return out
+
+
+def _better(runs: list[VariantResult], gpu: bool) -> VariantResult:
+    """Of the variants that ran, the one to use, weighed as an expert does: the fastest (tokens/s), and among
+    those within the noise of it the one that needs less memory (GPU peak, then host peak), so offload is
+    kept only where it is what makes the run fit, and pin_memory is whichever measured better."""
+    fastest = max((v.tokens_per_s or 0) for v in runs)
+    close = [v for v in runs if (v.tokens_per_s or 0) >= fastest * (1 - NOISE)] or runs
+    return min(close, key=lambda v: ((_metric(v, True) or 0) if gpu else 0, v.peak_host_bytes or 0))
+
+
+def fix_verdict(variants: list[VariantResult], gpu: bool) -> Finding | None:
+    """DSD316: the run as-is fails and a config variant runs to the end: that variant is the fix."""
+    by = {v.name: v for v in variants}
+    base = by.get("as-is")
+    if base is None or base.status not in FAILED:
+        return None
+    others = [v for v in variants if v.name != "as-is" and v.name not in NOT_CONFIG_VARIANTS]
+    runs = [v for v in others if v.status == "ok"]
+    if not runs:
+        return None
+    best = _better(runs, gpu)
+    changes = []
+    if (base.optimizer or None) != (best.optimizer or None):
+        changes.append(Phrase("optimizer", {"before": base.optimizer or "none", "after": best.optimizer or "none"}))
+    if (base.offload_param or None) != (best.offload_param or None):
+        changes.append(Phrase("offload", {"before": base.offload_param or "none", "after": best.offload_param or "none"}))
+    # a failed run's peak is where it died: worth saying only when it was above what the fix needs
+    if best.peak_host_bytes and _lower(best.peak_host_bytes, base.peak_host_bytes):
+        changes.append(Phrase("host", {"before": human_bytes(base.peak_host_bytes), "after":
+                                       human_bytes(best.peak_host_bytes)}))
+    if gpu and best.peak_gpu_bytes and _lower(best.peak_gpu_bytes, base.peak_gpu_bytes):
+        changes.append(Phrase("gpu", {"before": human_bytes(base.peak_gpu_bytes), "after":
+                                      human_bytes(best.peak_gpu_bytes)}))
+    if best.tokens_per_s:
+        kind = TEXT.get(f"tps-{best.tokens_per_s_kind}") or TEXT["tps-first"]
+        changes.append(Phrase("speed", {"tps": f"{best.tokens_per_s:.1f}", "kind": kind}))
+    also = [v.name for v in runs if v is not best]
+    failing = [v.name for v in others if v.status != "ok"]
+    if also:
+        changes.append(Phrase("also", {"names": ", ".join(also)}))
+    if failing:
+        changes.append(Phrase("still-fails", {"names": ", ".join(failing)}))
+    return Finding("DSD316", {"variant": best.name, "failed": base.failure(), "changes": Phrase.join("sep", changes),
+                              "fix": _fix_phrase(best.name, base.config_source)})
+
+
+def _fix_phrase(name: str, config: str | None) -> Phrase:
+    if name == "split":
+        return Phrase("fix-split", {"config": config or "CONFIG"})
+    if name == "no-offload-param":
+        return Phrase("fix-no-offload-param")
+    if name in ("pin-memory-on", "pin-memory-off"):
+        return Phrase("fix-pin", {"value": "true" if name == "pin-memory-on" else "false"})
+    if name.startswith("prefetch="):
+        return Phrase("fix-prefetch", {"value": name.split("=", 1)[1]})
+    return Phrase("fix-other", {"variant": name})
+
+
+def same_failure(variants: list[VariantResult], found: list[Finding]) -> Finding | None:
+    """DSD317: every variant failed, and the same way (out-of-memory everywhere is DSD311's reading)."""
+    if len(variants) < 2 or any(v.status not in FAILED for v in variants) or \
+            any(f.code in ("DSD311", "DSD320") for f in found):
+        return None
+    kinds = {_root_kind(v) for v in variants}
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if kind in ("oom-killer", "cuda-oom", "host-oom") or variants[0].status == "oom":
+        advice = Phrase("advice-oom")
+    elif kind in ("hang", "collective-timeout"):
+        advice = Phrase("advice-hang")
+    else:
+        advice = Phrase("advice-error")
+    return Finding("DSD317", {"failed": variants[0].failure(), "advice": advice})
+
+
+def _root_kind(v: VariantResult) -> str:
+    kinds = [e["kind"] for e in v.endings if e["kind"] != "by-launcher"]
+    return kinds[0] if kinds else v.status
 
 
 def _machine_profile():

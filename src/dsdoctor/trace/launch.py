@@ -1,26 +1,27 @@
 """Run the user's command with the observer on PYTHONPATH, tee its output, and end it on a timeout.
 
-The watchdog first asks every local rank for its Python stack (SIGUSR1; the observer dumps it next to its
-record), then sends SIGTERM to the whole process tree (the DeepSpeed runner forwards that to remote nodes
-through its kill command), and SIGKILL to whatever is left. The tree is found through /proc parent links,
-because torchrun starts each rank in a session of its own where a process-group kill does not reach.
+The watchdog first watches every local rank for a few seconds: its CPU time and two Python stacks (SIGUSR1;
+the observer dumps them next to its record), so a slow run is told from a stuck one. Then it sends SIGTERM to
+the whole process tree (the DeepSpeed runner forwards that to remote nodes through its kill command), and
+SIGKILL to whatever is left. The tree is found through /proc parent links, because torchrun starts each rank in
+a session of its own where a process-group kill does not reach.
 """
 from __future__ import annotations
 
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
 from dsdoctor.errors import InputError
-from dsdoctor.proctree import contained_run, process_tree, signal_all, terminate_tree
+from dsdoctor.proctree import contained_run, process_tree, terminate_tree
+from dsdoctor.trace.ending import memory_limit, oom_kill_counter, watch_progress
 from dsdoctor.trace.observer import recorder
 
 OBSERVER_DIR = Path(__file__).resolve().parent / "observer"
@@ -34,6 +35,11 @@ class RunOutcome:
     wall_s: float
     output_tail: str
     log_path: str | None
+    pid: int | None = None  # the command's own process
+    oom_before: dict | None = None  # the memory cgroup's oom_kill counter before and after (trace/ending.py)
+    oom_after: dict | None = None
+    limit: dict | None = None  # the host memory the run may use
+    progress: dict = field(default_factory=dict)  # at the timeout: pid -> CPU time and stack movement
 
 
 def observed_env(trace_dir: Path, variant: str | None = None, base: dict | None = None) -> dict:
@@ -49,15 +55,19 @@ def observed_env(trace_dir: Path, variant: str | None = None, base: dict | None 
     return env
 
 
-def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.0) -> None:
-    """Stack dumps of the observed ranks, then SIGTERM, then SIGKILL, to ``proc`` and every descendant."""
+def end_tree(proc: subprocess.Popen, trace_dir: Path | None, grace_s: float = 5.0) -> dict:
+    """Stack dumps of the observed ranks, then SIGTERM, then SIGKILL, to ``proc`` and every descendant.
+
+    With ``trace_dir`` (the watchdog's timeout) the ranks are watched for a few seconds first: CPU time and two
+    stack dumps (trace/ending.py), so that a slow run is not called a hang. Returns that evidence by pid."""
     tree = process_tree(proc.pid)
+    progress = {}
     if trace_dir is not None:
-        ranks = set(_record_pids(trace_dir)) & set(tree)
-        signal_all(ranks, signal.SIGUSR1)
+        ranks = sorted(set(_record_pids(trace_dir)) & set(tree))
         if ranks:
-            time.sleep(1.0)
+            progress = watch_progress(ranks, trace_dir)
     terminate_tree(proc, grace_s)
+    return progress
 
 
 def _record_pids(trace_dir: Path) -> list[int]:
@@ -127,6 +137,7 @@ def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) ->
     tail: collections.deque[str] = collections.deque(maxlen=200)
     log = door.open_new(log_path) if log_path else None
     start = time.time()
+    oom_before, limit, progress = oom_kill_counter(), memory_limit(), {}
     run = contained_run()  # every process of the run ends with it, double-forked ones included
     with run:
         try:
@@ -150,7 +161,7 @@ def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) ->
             timed_out = True
             if echo is not False:
                 echo.write(f"dsdoctor: no end after {timeout:g}s; dumping rank stacks and ending every process\n")
-            end_tree(proc, trace_dir)
+            progress = end_tree(proc, trace_dir)
         except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: leave no rank behind
             end_tree(proc, None, grace_s=2.0)
             if log:
@@ -161,4 +172,5 @@ def _run_observed(command, trace_dir: Path, variant, timeout, log_path, echo) ->
     if log:
         log.close()
     return RunOutcome(proc.returncode, timed_out, time.time() - start, "".join(tail),
-                      str(log_path) if log_path else None)
+                      str(log_path) if log_path else None, pid=proc.pid, oom_before=oom_before,
+                      oom_after=oom_kill_counter(), limit=limit, progress=progress)

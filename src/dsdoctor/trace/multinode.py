@@ -31,6 +31,7 @@ from pathlib import Path
 from dsdoctor import door
 from dsdoctor.errors import InputError
 from dsdoctor.report.render import to_json
+from dsdoctor.trace import ending
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import RankRecord, read_records
 from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
@@ -159,6 +160,8 @@ def _result(dest: Path, dirs: list[Path], lang: str, tail: str, timeout: float |
     # a node that never wrote done.json is still running or died: its ranks did not exit, so they read as killed
     ranks = [summarize_rank(r, timed_out) for r in records]
     status = run_status(ranks, returncode, timed_out, tail)
+    ending.describe(ranks, records, ending.Evidence(returncode, timed_out, tail))
+    status = ending.refine_status(status, ranks)
     if missing and status == "ok":
         status = "error"
     final = str(dest)

@@ -47,6 +47,7 @@ class RankRecord:
     host: str | None = None
     pid: int | None = None
     world_size: int | None = None
+    local_rank: int | None = None
     host_total: int | None = None
     t0: float | None = None
     t_last: float | None = None
@@ -170,7 +171,8 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
         kind = ev.get("event")
         if kind == "start":
             rec = RankRecord(file=path.name, rank=int(ev.get("rank") or 0), host=ev.get("host"), pid=ev.get("pid"),
-                             world_size=ev.get("world_size"), host_total=ev.get("host_total"), t0=ev.get("t"),
+                             world_size=ev.get("world_size"), local_rank=ev.get("local_rank"),
+                             host_total=ev.get("host_total"), t0=ev.get("t"),
                              variant=ev.get("variant"))
         if rec is None:
             continue

@@ -8,9 +8,17 @@ import re
 from dataclasses import dataclass, field
 
 from dsdoctor.findings import Finding, Phrase, sort_findings
-from dsdoctor.i18n import message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
+from dsdoctor.i18n import LANGS, message_table, pick
+from dsdoctor.report.render import (
+    Style,
+    findings_markdown,
+    findings_omitted,
+    findings_text,
+    markdown_table,
+    text_table,
+)
 from dsdoctor.trace import loop as gen_loop
+from dsdoctor.trace.ending import ending_text, main_frames, progressing
 from dsdoctor.trace.loop_rules import loop_findings
 from dsdoctor.trace.records import PhaseRecord, RankRecord
 from dsdoctor.units import human_bytes, human_seconds
@@ -21,6 +29,7 @@ STATUSES = ("ok", "oom", "hang", "timeout", "error")
 MPI_MISSING = re.compile(r"No module named '?mpi4py'?")
 
 _T = message_table("trace.report._T")  # the texts live in dsdoctor/messages.json
+_ENDING = message_table("trace.ending.TEXT")
 
 
 def _t(key, lang):
@@ -46,12 +55,15 @@ class RankSummary:
     world_size: int | None = None
     synced_gpus: bool | None = None
     peak_gpu_bytes: int | None = None  # reserved by the caching allocator: what an OOM is measured against
-    peak_gpu_allocated_bytes: int | None = None
+    peak_gpu_allocated_bytes: int | None = None  # live tensors (max_memory_allocated); peak_phase is where
     peak_host_bytes: int | None = None
     pinned_host_bytes: int | None = None
     host_total_bytes: int | None = None
     peak_phase: str | None = None
-    tokens_per_s: float | None = None
+    tokens_per_s: float | None = None  # steady state (the generates after the first) when there are several
+    tokens_per_s_kind: str | None = None  # "steady" or "first": which generate(s) tokens_per_s measures
+    first_tokens_per_s: float | None = None  # the first generate alone (allocator and per-length warm-up)
+    first_extra_s: float | None = None  # how much longer the first generate took than a steady one of its size
     stopped_in: str | None = None
     where: str | None = None
     in_collective: bool | None = None  # the stack at the timeout waits in torch.distributed / deepspeed.comm
@@ -68,6 +80,9 @@ class RankSummary:
     stack: str | None = None
     timeline_png: str | None = None
     loop: dict | None = None  # generation inside training (trace/loop.py): per-generate cost; None otherwise
+    local_rank: int | None = None
+    progress: dict | None = None  # at the timeout: CPU seconds and stack movement over a window (trace/ending.py)
+    ending: dict | None = None  # how the rank ended, with the evidence (trace/ending.py)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -136,12 +151,32 @@ class TraceResult:
         return _t("headline", lang).format(v=v, what=what, status=self.status, rc=_fmt(self.returncode),
                                            wall=self.wall_s, n=len(self.ranks))
 
+    def _ending_rows(self, lang):
+        from dsdoctor.trace.ending import evidence_text
+
+        return [(r.rank, ending_text(r.ending, lang), evidence_text(r.ending, lang) or "-") for r in self.ranks
+                if r.ending and r.ending.get("kind") not in ("finished", None)]
+
+    def speed_note(self, lang: str) -> str:
+        """Which generate(s) the tokens/s column measures: the steady state, or one first generate."""
+        r = next((x for x in self.ranks if x.tokens_per_s_kind), None)
+        if r is None:
+            return ""
+        if r.tokens_per_s_kind == "steady":
+            return _t("tps-steady", lang).format(first=r.first_tokens_per_s or 0, extra=r.first_extra_s or 0)
+        return _t("tps-first", lang)
+
     def to_text(self, lang: str = "en", style=None) -> str:
         rh, ph = self._heads(lang)
         out = [self.headline(lang), "\n", text_table(rh, list(self._rank_rows()))]
         rows = list(self._phase_rows())
         if rows:
             out += ["\n", text_table(ph, rows)]
+        if self.speed_note(lang):
+            out.append(self.speed_note(lang) + "\n")
+        ended = self._ending_rows(lang)
+        if ended:
+            out += ["\n", text_table(pick(_ENDING["head"], lang), ended)]
         if any(r.loop for r in self.ranks):
             out += ["\n", text_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
         out += ["\n", findings_text(self.findings, lang, style or Style())]
@@ -156,7 +191,11 @@ class TraceResult:
         out = [f"# dsdoctor trace{v}\n\n`{cmd}`\n\nstatus **{self.status}**, exit {_fmt(self.returncode)}, "
                f"{self.wall_s:.1f} s\n\n## {_t('ranks', lang)}\n\n", markdown_table(rh, list(self._rank_rows())),
                f"\n## {_t('phases', lang)}\n\n", markdown_table(ph, list(self._phase_rows())),
-               f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+               (f"\n{self.speed_note(lang)}\n" if self.speed_note(lang) else ""),
+               "" if findings_omitted() else f"\n## {_t('findings', lang)}\n\n", findings_markdown(self.findings, lang)]
+        ended = self._ending_rows(lang)
+        if ended:
+            out[-2:-2] = [f"\n## {pick(_ENDING['title'], lang)}\n\n", markdown_table(pick(_ENDING["head"], lang), ended)]
         if any(r.loop for r in self.ranks):
             out[-2:-2] = ["\n## " + _t("loop", lang) + "\n\n",
                           markdown_table(gen_loop.HEAD[lang if lang in gen_loop.HEAD else "en"], gen_loop.rows(self.ranks))]
@@ -220,6 +259,29 @@ def _peak_and_phase(rec: RankRecord, gpu: bool):
     return best, where
 
 
+def _reserved_peak(rec: RankRecord) -> int | None:
+    """The caching allocator's reserved peak over the phases, the gaps between them and the samples."""
+    values = [p.peak_gpu_reserved for p in rec.phases] + [g[2] for g in rec.gap_peaks] + \
+        [s[3] for s in rec.samples if len(s) > 3]
+    return _max(values)
+
+
+def _generate_speed(gens: list[PhaseRecord]) -> dict:
+    """tokens/s as users see it: the steady state (every generate after the first) when the rank generated
+    more than once, else the one generate, which carries the first call's warm-up; and the first alone."""
+    timed = [(p.new_tokens, p.duration_s) for p in gens if p.t_end and p.new_tokens and p.duration_s]
+    out = {"tokens_per_s": None, "kind": None, "first": None, "first_extra_s": None}
+    if not timed:
+        return out
+    out["first"] = timed[0][0] / timed[0][1]
+    if len(timed) == 1:
+        out.update(tokens_per_s=out["first"], kind="first")
+        return out
+    steady = sum(n for n, _ in timed[1:]) / sum(d for _, d in timed[1:])
+    out.update(tokens_per_s=steady, kind="steady", first_extra_s=round(timed[0][1] - timed[0][0] / steady, 3))
+    return out
+
+
 def _label_at(rec: RankRecord, t: float) -> str:
     previous = None
     for p in rec.phases:
@@ -233,12 +295,8 @@ def _label_at(rec: RankRecord, t: float) -> str:
 
 
 def _main_frames(stack: str | None) -> list[tuple[str, str, str]]:
-    """(file, line, function) of the main thread, innermost first, from a faulthandler dump of all threads."""
-    if not stack:
-        return []
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) )", stack.strip())
-    main = next((b for b in blocks if b.startswith("Current thread")), blocks[-1])
-    return re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)
+    """(file, line, function) of the main thread, innermost first (of several dumps, the last)."""
+    return main_frames(stack)
 
 
 _LIBRARY = re.compile(r"site-packages|dist-packages|/lib/python\d|dsdoctor/trace/")
@@ -251,8 +309,18 @@ def _user_frame(stack: str | None) -> str | None:
 
 
 def _in_collective(stack: str | None) -> bool | None:
+    """Whether the main thread waits in a collective: one of its innermost frames is torch.distributed's or
+    deepspeed.comm's, or ZeRO's wait on an all-gather handle (a rank that compiles an op while initializing
+    deepspeed.comm has those frames much further out, under the compiler's subprocess)."""
     frames = _main_frames(stack)
-    return any(_COLLECTIVE.search(f[0].replace("\\", "/")) for f in frames) if frames else None
+    if not frames:
+        return None
+    inner = [(f[0].replace("\\", "/"), f[2]) for f in frames[:_INNER_FRAMES]]
+    return any(_COLLECTIVE.search(path) or ("deepspeed/runtime/zero/" in path and "wait" in func)
+               for path, func in inner)
+
+
+_INNER_FRAMES = 3
 
 
 def _where_in_stack(stack: str | None) -> str | None:
@@ -272,7 +340,10 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
     init_cfg = next((c for c in reversed(rec.configs) if c.get("api") == "deepspeed.initialize"), None) or \
         next((c for c in reversed(rec.configs)), None)
     gens = [p for p in rec.phases if p.name == "generate"]
-    peak_gpu, phase_gpu = _peak_and_phase(rec, gpu=True)
+    peak_gpu, phase_gpu = _peak_and_phase(rec, gpu=True)  # where live tensors peaked
+    reserved = _reserved_peak(rec)
+    if reserved is not None:  # the OOM line is the caching allocator's reserved bytes, not the allocated ones
+        peak_gpu = max(reserved, peak_gpu or 0)
     peak_host, phase_host = _peak_and_phase(rec, gpu=False)
     errors = [p.error for p in rec.phases if p.error] + ([rec.uncaught] if rec.uncaught else [])
     unfinished = [p for p in rec.phases if p.t_end is None]
@@ -284,8 +355,7 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         status = "timeout" if timed_out else "killed"  # settle_timeout decides which timeouts are hangs
     else:
         status = "ok"
-    tokens = sum(p.new_tokens or 0 for p in gens if p.t_end)
-    gen_time = sum(p.duration_s or 0 for p in gens if p.t_end and p.new_tokens)
+    speed = _generate_speed(gens)
     synced = [p.info.get("synced_gpus") for p in gens if p.info.get("synced_gpus") is not None]
     s = RankSummary(
         rank=rec.rank, host=rec.host, pid=rec.pid, status=status, t0=rec.t0,
@@ -301,7 +371,8 @@ def summarize_rank(rec: RankRecord, timed_out: bool) -> RankSummary:
         peak_host_bytes=peak_host, pinned_host_bytes=_max(p.pinned_host_bytes for p in rec.phases),
         host_total_bytes=rec.host_total,
         peak_phase=phase_gpu if peak_gpu is not None else phase_host,
-        tokens_per_s=tokens / gen_time if gen_time else None,
+        tokens_per_s=speed["tokens_per_s"], tokens_per_s_kind=speed["kind"],
+        first_tokens_per_s=speed["first"], first_extra_s=speed["first_extra_s"], local_rank=rec.local_rank,
         error=errors[0] if errors else None,
         phases=[_phase_dict(p) for p in rec.phases], stack=rec.stack,
         config_passed=dict((init_cfg or {}).get("summary") or {}, api=(init_cfg or {}).get("api"),
@@ -354,9 +425,11 @@ def _workload(gens: list[PhaseRecord]) -> dict | None:
 def settle_timeout(ranks: list[RankSummary]) -> None:
     """Of the ranks still running at the timeout, call them hung only when they wait on each other: one waits
     in a collective while the ranks are at different points (another phase or line, or already finished), or
-    while fewer ranks were observed than the world size. Otherwise they were stopped mid-work: "timeout"."""
+    while fewer ranks were observed than the world size, and no rank makes progress (when the watchdog could
+    look: CPU time and stack over a few seconds, trace/ending.py). Otherwise they were stopped mid-work, or
+    were slow: "timeout"."""
     running = [r for r in ranks if r.status == "timeout"]
-    if not running:
+    if not running or any(progressing(r.progress) for r in running):
         return
     points = {(r.stopped_in, r.user_frame) if r.status == "timeout" else ("finished", None) for r in ranks}
     world = max((r.world_size or 0 for r in ranks), default=0)
@@ -444,18 +517,67 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
         if r.status == "hang":
             where = f" ({r.where})" if r.where else ""
             out.append(Finding("DSD306", {"rank": r.rank, "phase": _at(r.stopped_in), "timeout": _num(timeout),
-                                          "where": where, "advice": _hang_advice(unsynced)}))
-        elif r.status == "oom":
+                                          "where": where, "advice": _hang_advice(unsynced),
+                                          "progress": _progress_phrase(r, hung=True)}))
+        elif r.status == "oom" and (r.ending or {}).get("kind") not in ("oom-killer",):
             phase = next((p["label"] for p in r.phases if p.get("error")), "after the last phase")
             out.append(Finding("DSD307", {"rank": r.rank, "phase": phase,
                                           "error": clip((r.error or {}).get("message", ""), 160)}))
+    out += _ending_findings(ranks)
     out += _timeout_findings(ranks, status, timeout, timed_out)
-    if status == "oom" and not any(f.code == "DSD307" for f in out):
+    if status == "oom" and not any(f.code in ("DSD307", "DSD325") for f in out):
         out.append(Finding("DSD307", {"rank": "?", "phase": "an unobserved step",
                                       "error": _oom_line(output_tail)}))
-    if status == "error":
+    if status == "error" and not any(f.code == "DSD327" for f in out):
         out += _error_findings(ranks, records, returncode, log, output_tail)
     return sort_findings(out)
+
+
+def _progress_phrase(r: RankSummary, hung: bool = False):
+    """What the watchdog saw a still-running rank do over its window (a DSD306/DSD318 phrase), or ""."""
+    p = r.progress or {}
+    if p.get("cpu_s") is None and p.get("stack_still") is None:
+        return ""
+    values = {"cpu": "-" if p.get("cpu_s") is None else f"{p['cpu_s']:.2f}", "window": f"{p.get('window_s') or 0:.1f}"}
+    working = progressing(p)
+    if working:
+        return Phrase("working", values)
+    return Phrase("still", values) if working is False or hung else ""
+
+
+def _ending_findings(ranks: list[RankSummary]) -> list[Finding]:
+    """From how the ranks ended: a rank killed by a signal (DSD325: the kernel OOM killer or not, and the
+    evidence either way), a CUDA OOM the allocator's own figures show to be fragmentation (DSD326), a
+    collective that timed out (DSD327)."""
+    import os
+
+    out: list[Finding] = []
+    for r in ranks:
+        end = r.ending or {}
+        kind = end.get("kind")
+        if kind in ("oom-killer", "signal"):
+            evidence = {lang: _evidence(end, lang) for lang in LANGS}
+            out.append(Finding("DSD325", {
+                "rank": r.rank, "how": {lang: ending_text(end, lang) for lang in LANGS},
+                "evidence": evidence, "advice": Phrase("advice-oom" if kind == "oom-killer" else "advice-signal",
+                                                       {"signal": end.get("signal") or "a signal"})}))
+        elif kind == "cuda-oom" and (end.get("figures") or {}).get("fragmentation"):
+            f = end["figures"]
+            expandable = "expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower()
+            out.append(Finding("DSD326", {
+                "rank": r.rank, "phase": end.get("phase"), "tried": human_bytes(f["tried"]),
+                "free": human_bytes(f["free"]), "unallocated": human_bytes(f["unallocated"]),
+                "allocated": human_bytes(f["allocated"]),
+                "advice": Phrase("already" if expandable else "expandable")}))
+        elif kind == "collective-timeout":
+            out.append(Finding("DSD327", {"rank": r.rank, "phase": end.get("phase"), "what": end.get("detail")}))
+    return out
+
+
+def _evidence(end: dict, lang: str) -> str:
+    from dsdoctor.trace.ending import evidence_text
+
+    return evidence_text(end, lang) or "-"
 
 
 def clip(text: str, limit: int) -> str:
@@ -481,10 +603,14 @@ def _timeout_findings(ranks: list[RankSummary], status: str, timeout, timed_out:
         parts = []
         for r in ranks:
             if r.status == "timeout":
-                parts.append(f"rank {r.rank} {_at(r.stopped_in)}" + (f" ({r.where})" if r.where else ""))
+                parts.append(Phrase("rank-at", {"rank": r.rank, "at": _at(r.stopped_in),
+                                                "where": f" ({r.where})" if r.where else "",
+                                                "progress": _progress_phrase(r)}))
+            elif r.status == "ok":
+                parts.append(Phrase("rank-done", {"rank": r.rank}))
             else:
-                parts.append(f"rank {r.rank} {'had finished' if r.status == 'ok' else r.status}")
-        where = "; ".join(parts) or "no rank was observed"
+                parts.append(Phrase("rank-other", {"rank": r.rank, "status": r.status}))
+        where = Phrase.join("sep", parts) or Phrase("nobody")
         return [Finding("DSD318", {"timeout": _num(timeout), "where": where})]
     if timed_out and status == "ok" and ranks:
         return [Finding("DSD319", {"timeout": _num(timeout), "ranks": ", ".join(str(r.rank) for r in ranks)})]
@@ -502,6 +628,11 @@ def _error_findings(ranks, records, returncode, log, output_tail) -> list[Findin
     if rejected:
         return rejected
     detail = f": {err['type']}: {clip(err['message'], 200)}" if err else ""
+    if not err:
+        from dsdoctor.trace.ending import last_exception_line
+
+        line = last_exception_line(output_tail)
+        detail = f": {clip(line, 200)}" if line else ""
     return [Finding("DSD308", {"returncode": returncode, "detail": detail, "log": log or "the output above"})]
 
 
@@ -609,7 +740,7 @@ def _ignored_zero_at_init_inference(records: list[RankRecord]) -> Finding | None
     for rec in records:
         for c in rec.configs:
             cfg = c.get("config")
-            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict) and isinstance(cfg.get("zero"), dict):
+            if c.get("api") == "deepspeed.init_inference" and isinstance(cfg, dict):  # a zero section, or args=
                 found = [f for f in init_inference_findings(read_inference_config(cfg), None, None) if f.code == "DSD122"]
                 if found:
                     found[0].values["rank"] = rec.rank

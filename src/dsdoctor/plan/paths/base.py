@@ -34,7 +34,7 @@ from dsdoctor.plan.memory import Layout, PathMemory, allocated, params_numel
 from dsdoctor.plan.reserved import reserved_detail, reserved_for
 from dsdoctor.plan.result import PathPlan
 from dsdoctor.plan.shape import ModelShape
-from dsdoctor.plan.speed import Figures, Speed
+from dsdoctor.plan.speed import Figures, Speed, first_generate_extra_s, first_generate_tokens_per_s
 from dsdoctor.plan.workload import Workload
 from dsdoctor.plan.zero3_replay import timing_for
 
@@ -220,7 +220,9 @@ class LoadPath:
             loading_options=[m.to_dict() for m in methods], tp=self.tp, estimate=self.estimate,
             fragmentation_bytes=0 if self.derived else mem.fragmentation_bytes,
             speed_terms={} if self.derived else speed.terms, verdict=verdict,
-            reserved_assumption=mem.reserved_assumption)
+            reserved_assumption=mem.reserved_assumption,
+            first_generate_extra_s=round(first_generate_extra_s(ctx.wl, ctx.figures), 3),
+            first_generate_tokens_per_s=round(first_generate_tokens_per_s(speed.tokens_per_s, ctx.wl, ctx.figures), 3))
 
 
 class LayoutPath(LoadPath):

@@ -375,7 +375,8 @@ def _write_init_inference_config(rec, config, cfg, kwargs, summary) -> None:
     """init_inference takes an inference config (or keyword arguments), never a ZeRO training config: ab's
     variants cannot be applied to it, and the event says so (``rewritable`` false)."""
     source = "dict" if isinstance(config, dict) else (os.fspath(config) if config else "kwargs")
-    rec.write("config", api="deepspeed.init_inference", source=source, config=_json_safe(cfg or kwargs),
+    merged = dict(cfg or {}, **kwargs)  # as init_inference merges them: keyword arguments win (args= included)
+    rec.write("config", api="deepspeed.init_inference", source=source, config=_json_safe(merged),
               summary=summary, rewritable=False, variant=_variant_name(), variant_applied=None)
 
 
