@@ -1,14 +1,17 @@
-"""Write a real DeepSpeed ZeRO-3 checkpoint of a PEFT-wrapped tiny Llama (LoRA on q_proj and v_proj, r=4).
+"""Write real DeepSpeed ZeRO-3 checkpoints of PEFT-wrapped tiny Llamas, one per variant, in one launch.
 
-Run under the launcher:  DS_ACCELERATOR=cpu deepspeed --num_gpus 2 make_lora_checkpoint.py OUT [rslora]
-Writes, as a Trainer run with PEFT would leave it:
-  OUT/base/                 the base model before LoRA (save_pretrained: config.json + model.safetensors)
-  OUT/ckpt/                 engine.save_checkpoint (latest, global_step3/) + the run's adapter_config.json
-  OUT/expected_adapter.safetensors  PEFT's own adapter state dict of the trained model (get_peft_model_state_dict)
-  OUT/in_memory.json        greedy tokens and per-step logits of the trained model, generated under ZeRO-3
+Run under the launcher:  DS_ACCELERATOR=cpu deepspeed --num_gpus 2 make_lora_checkpoint.py OUT [VARIANT ...]
+  lora       LoRA on q_proj and v_proj, r=4 (the default; written straight into OUT)
+  dora       DoRA on q_proj and v_proj, lm_head in modules_to_save, untied embeddings (into OUT/dora)
+  embedding  LoRA on embed_tokens and q_proj, a bias trained with bias="lora_only" (into OUT/embedding)
+Each writes, as a Trainer run with PEFT would leave it:
+  base/                 the base model before LoRA (save_pretrained: config.json + model.safetensors)
+  ckpt/                 engine.save_checkpoint (latest, global_step3/) + the run's adapter_config.json
+  expected_adapter.safetensors  PEFT's own adapter state dict of the trained model (get_peft_model_state_dict)
+  in_memory.json        greedy tokens and per-step logits of the trained model, generated under ZeRO-3
 fp32 throughout (no bf16), so the in-memory model is the fp32 masters the checkpoint holds. Three AdamW steps
-with lr 1e-2 move lora_B away from its zero init. Tied embeddings (the base shares them), hidden 45 and vocab
-251 (ZeRO-3 partitions do not divide evenly over 2 ranks).
+with lr 1e-2 move lora_B away from its zero init. Hidden 45 and vocab 251: ZeRO-3 partitions do not divide
+evenly over 2 ranks; the lora variant ties its embeddings (the base shares them).
 """
 import json
 import os
@@ -30,18 +33,31 @@ PROMPTS = [[1, 17, 42, 99, 7], [1, 200, 3, 55, 120, 9], [1, 250, 4]]
 NEW_TOKENS = 8
 
 
+VARIANTS = {
+    "lora": dict(target_modules=["q_proj", "v_proj"]),
+    "dora": dict(target_modules=["q_proj", "v_proj"], use_dora=True, modules_to_save=["lm_head"]),
+    "embedding": dict(target_modules=["embed_tokens", "q_proj"], bias="lora_only"),
+}
+
+
 def main():
     argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
-    out, rslora = argv[0], "rslora" in argv[1:]
+    out, variants = argv[0], argv[1:] or ["lora"]
     deepspeed.init_distributed(dist_backend="gloo")
+    for variant in variants:
+        run(out if variant == "lora" else os.path.join(out, variant), variant)
+    print("MAKE_LORA_CHECKPOINT_OK", flush=True)
+
+
+def run(out: str, variant: str):
     rank = int(os.environ.get("RANK", "0"))
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")})
+    config = dict(CONFIG, tie_word_embeddings=variant == "lora")
+    cfg = transformers.LlamaConfig(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
     base = transformers.LlamaForCausalLM(cfg)
     if rank == 0:
         base.save_pretrained(os.path.join(out, "base"), safe_serialization=True)
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
-                           use_rslora=rslora, base_model_name_or_path=os.path.join(out, "base"))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, **VARIANTS[variant])
     model = peft.get_peft_model(base, lora)
     ds_config = {
         "train_micro_batch_size_per_gpu": 1,
@@ -80,7 +96,7 @@ def main():
         save_file({k: v.contiguous() for k, v in expected.items()}, os.path.join(out, "expected_adapter.safetensors"))
         with open(os.path.join(out, "in_memory.json"), "w") as fh:
             json.dump(records, fh)
-    print("MAKE_LORA_CHECKPOINT_OK", flush=True)
+    del engine, model
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ def plan_universal(layout: Layout) -> MergePlan:
     module = sd0.get("module") or {}
     buffer_names = list(sd0.get("buffer_names") or [])
     on_disk = sorted(d.name for d in zero.iterdir() if d.is_dir() and (d / "fp32.pt").is_file()) if zero.is_dir() else []
-    extra = [n for n in on_disk if n not in shapes and n not in frozen and n not in buffer_names and n in module]
+    shared = sd0.get("shared_params") or {}
+    shared = shared if isinstance(shared, dict) else {}
+    # ds_to_universal also writes the module state dict's 16-bit tied aliases: the tie is kept instead
+    extra = [n for n in on_disk if n not in shapes and n not in frozen and n not in buffer_names and n in module
+             and n not in shared]
     if not shapes and not on_disk:
         raise InputError("a universal checkpoint folder with no zero/<param>/fp32.pt and no param_shapes",
                          path=layout.tag_dir)
@@ -68,8 +72,7 @@ def plan_universal(layout: Layout) -> MergePlan:
             raise InputError(f"missing zero/{printable(name)}/fp32.pt", path=layout.tag_dir,
                              hint="ds_to_universal was interrupted, or the folder was copied incompletely")
     names = {t.name for t in tensors}
-    shared = sd0.get("shared_params") or {}
-    aliases = {a: s for a, s in (shared.items() if isinstance(shared, dict) else [])
+    aliases = {a: s for a, s in shared.items()
                if isinstance(a, str) and isinstance(s, str) and s in names and a not in names}
     world = len(layout.model_files) if zero3 else _int(sd0.get("dp_world_size")) or 1
     return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases,
