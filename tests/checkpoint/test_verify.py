@@ -16,7 +16,7 @@ from dsdoctor.errors import InputError
 from tests.checkpoint_fixtures import read_merged, zero_checkpoints
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.deepspeed
+pytestmark = [pytest.mark.deepspeed, pytest.mark.process]
 
 
 @functools.cache
@@ -137,3 +137,67 @@ def test_bad_inputs_exit_2(tmp_path):
     shard.write_bytes(shard.read_bytes()[:1000])
     with pytest.raises(InputError, match="truncated"):
         verify(broken, broken)
+
+
+# ---- dtype-aware tolerances, the failing tensor named, pointers ----------------------------------------------
+
+def test_fp16_merge_verifies_against_zero_to_fp32_fp32_output(tmp_path):
+    """merge --dtype fp16 is zero_to_fp32's fp32 output cast to fp16, bit for bit; fp16 subnormals (|x| < 6.1e-5)
+    fail any relative tolerance, a ULP tolerance passes them."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    base = zero_checkpoints()
+    ref = tmp_path / "zero_to_fp32"
+    convert_zero_checkpoint_to_fp32_state_dict(str(base / "w2" / "zero3"), str(ref))
+    out = tmp_path / "fp16"
+    merge(base / "w2" / "zero3", out, model=base / "w2" / "model", dtype="fp16", progress=False)
+    ours, theirs = read_merged(out), torch.load(ref / "pytorch_model.bin", weights_only=True)
+    assert any(((t.abs() < 6.1e-5) & (t != 0)).any() for t in ours.values())  # subnormals really are there
+    assert all(torch.equal(t, theirs[k].to(torch.float16)) for k, t in ours.items())
+    proc = run_cli("verify", out, "--model", out, "--reference", ref, "--format", "json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert [f["code"] for f in data["findings"]] == ["DSD406"]  # fp16 weights for an fp32 config: info
+    assert data["tolerance"] == {"narrow": "float16", "ulp": 1}
+    assert data["identical_after_cast"] == data["compared_with_reference"] == 29
+    text = run_cli("verify", out, "--model", out, "--reference", ref).stdout
+    assert "1 ULP of float16" in text and "2^-24" in text and "29 of 29 tensors bit-identical" in text
+
+
+def test_the_tensor_named_as_largest_difference_is_one_that_failed(tmp_path):
+    """In fp16 a weight near 1 is rounded by up to 2.4e-4, within its ULP; a small embedding value moved by 1e-4 is
+    many of its ULPs off. The failing embedding is named, not the larger but correct norm weight."""
+    import torch
+
+    def to_fp16_and_nudge(t):
+        for k in t:
+            t[k] = t[k].to(torch.float16)
+        t["model.embed_tokens.weight"][0, 0] += 1e-4
+
+    rc, found = check(variant(tmp_path, to_fp16_and_nudge), "--reference", str(merged()), "--no-logits")
+    result = verify(tmp_path / "variant", merged(), reference=merged(), logits=False)
+    bad = [f for f in result.findings if f.code == "DSD408"]
+    assert rc == 1 and len(bad) == 1 and bad[0].values["count"] == 1
+    assert bad[0].values["worst"] == "model.embed_tokens.weight"
+    assert result.max_abs_diff > float(bad[0].values["max_diff"])  # a passing tensor differs more
+    assert "beyond 1 ULP of float16" in bad[0].message("en")
+
+
+def test_empty_weights_name_the_checkpoint_beside_them_and_accelerates_key(tmp_path):
+    """The HF Trainer's checkpoint-N/ holds both the empty save_pretrained weights and the ZeRO checkpoint."""
+    import torch
+    from safetensors.torch import save_file
+
+    run = tmp_path / "checkpoint-1"
+    shutil.copytree(zero_checkpoints() / "w2" / "zero3", run)
+    tensors = {k: torch.empty(0) for k in read_merged(merged())}
+    save_file(tensors, str(run / "model.safetensors"))
+    shutil.copy(merged() / "config.json", run / "config.json")
+    proc = run_cli("verify", run, "--model", run, "--format", "json")
+    found = json.loads(proc.stdout)["findings"]
+    assert proc.returncode == 1 and [f["code"] for f in found] == ["DSD404"]
+    assert f"dsdoctor merge {run} {run}-merged" in found[0]["fix"]
+    assert "zero3_save_16bit_model: true" in found[0]["fix"] and "deepspeed_config" in found[0]["fix"]
+    zh = run_cli("verify", run, "--model", run, "--lang", "zh")
+    assert f"dsdoctor merge {run} {run}-merged" in zh.stdout and "zero3_save_16bit_model" in zh.stdout

@@ -3,11 +3,15 @@
 Layouts (DeepSpeed 0.19.8, runtime/engine.py):
   ZeRO-3:   <tag>/zero_pp_rank_{r}_mp_rank_{mm}_model_states.pt and [bf16_]zero_pp_rank_{r}_mp_rank_{mm}_optim_states.pt
   ZeRO-1/2: <tag>/mp_rank_{mm}_model_states.pt (one) and [bf16_]zero_pp_rank_{r}_mp_rank_{mm}_optim_states.pt
+r is the data-parallel (ZeRO partition) rank, mm the tensor-parallel (AutoTP) rank: each mm has its own set of
+files, one ZeRO checkpoint of its shard of every parameter (``mp_layouts``).
+Universal (deepspeed/checkpoint/ds_to_universal.py): <folder>/zero/<param>/fp32.pt plus the copied
+*_model_states.pt; the checkpoint folder's ``latest_universal`` names the folder.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
@@ -27,10 +31,16 @@ class Layout:
     optim_files: list[Path]  # index = data-parallel rank
     model_files: list[Path]  # one per rank (ZeRO-3) or one in all (ZeRO-1/2)
     mp_rank: int = 0
+    mp_layouts: list[Layout] = field(default_factory=list)  # one per tensor-parallel rank, when there are several
+    universal: bool = False  # a ds_to_universal folder: no optim-states files, zero/<param>/fp32.pt instead
 
     @property
     def world_size(self) -> int:
         return len(self.optim_files)
+
+    @property
+    def tp_size(self) -> int:
+        return len(self.mp_layouts) or 1
 
 
 def _is_tag_dir(p: Path) -> bool:
@@ -54,13 +64,15 @@ def find_tag_dir(ckpt_dir, tag: str | None = None) -> tuple[Path, str, Path]:
     source = "--tag"
     if tag is None:
         latest = root / "latest"
+        if not latest.exists() and not latest.is_symlink() and (root / "latest_universal").is_file():
+            latest = root / "latest_universal"  # only ds_to_universal's output is here
         if not latest.exists() and not latest.is_symlink():
             raise InputError("no `latest` file naming the checkpoint tag", path=root,
                              hint=f"{found}; pass --tag TAG" if tags else found)
         tag = door.read_bytes(latest, door.LATEST).decode("utf-8", "replace").strip()
         if not tag:
-            raise InputError("`latest` is empty", path=latest, hint=found)
-        source = "`latest`"
+            raise InputError(f"`{latest.name}` is empty", path=latest, hint=found)
+        source = f"`{latest.name}`"
     tag_dir = _inside(root, tag, source)
     if not tag_dir.is_dir():
         raise InputError(f"tag {printable(repr(tag))} has no directory", path=root, hint=found)
@@ -87,17 +99,8 @@ def _inside(root: Path, tag: str, source: str) -> Path:
     return tag_dir
 
 
-def _by_rank(files: dict[tuple[int, int], Path], what: str, tag_dir: Path) -> tuple[int, list[Path]]:
-    mp_ranks = sorted({mp for _, mp in files})
-    if len(mp_ranks) > 1:
-        raise InputError(
-            f"{len(mp_ranks)} model-parallel ranks (mp_rank {', '.join(f'{m:02d}' for m in mp_ranks)}): this is a "
-            "tensor-parallel (AutoTP/Megatron) + ZeRO checkpoint. Merging it needs, for every parameter, the "
-            "dimension it was split along and whether it is replicated; DeepSpeed does not record either in the "
-            "checkpoint, so dsdoctor refuses rather than guess",
-            path=tag_dir,
-            hint="merge it with the framework that did the tensor-parallel split, or save with tp_size 1",
-        )
+def _by_rank(files: dict[tuple[int, int], Path], what: str, tag_dir: Path) -> list[Path]:
+    """The files of one tensor-parallel rank in data-parallel rank order; a gap is named."""
     ranks = sorted(r for r, _ in files)
     want = list(range(len(ranks)))
     if ranks != want:
@@ -105,19 +108,47 @@ def _by_rank(files: dict[tuple[int, int], Path], what: str, tag_dir: Path) -> tu
         raise InputError(f"missing {what} file(s) {missing_names(list(files.values()), missing)} for rank(s) "
                          f"{', '.join(map(str, missing))} (found ranks {', '.join(map(str, ranks))})", path=tag_dir,
                          hint="a rank failed to save, or the files were copied incompletely")
-    return mp_ranks[0], [files[(r, mp_ranks[0])] for r in ranks]
+    return [files[key] for key in sorted(files)]
 
 
-def missing_names(present: list[Path], missing_ranks: list[int], limit: int = 4) -> str:
+def missing_names(present: list[Path], missing_ranks: list[int], limit: int = 4, mp: int | None = None) -> str:
     """The file names the missing ranks would have, from a present file's name (e.g.
-    zero_pp_rank_1_mp_rank_00_optim_states.pt)."""
+    zero_pp_rank_1_mp_rank_00_optim_states.pt); ``mp`` also sets the tensor-parallel rank."""
     template = sorted(p.name for p in present)[0]
+    if mp is not None:
+        template = re.sub(r"mp_rank_\d+", f"mp_rank_{mp:02d}", template, count=1)
     names = [re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{r}_", template, count=1) for r in missing_ranks[:limit]]
     more = f", ... ({len(missing_ranks) - limit} more)" if len(missing_ranks) > limit else ""
     return ", ".join(names) + more
 
 
-def find_layout(ckpt_dir, tag: str | None = None) -> Layout:
+def _pair(model: dict, optim: dict, tag_dir: Path) -> None:
+    """Every data-parallel rank has both its model-states and its optim-states file: name the missing ones."""
+    for have, lack, have_what, lack_what in ((model, optim, "model-states", "optim-states"),
+                                             (optim, model, "optim-states", "model-states")):
+        gone = sorted(set(have) - set(lack))
+        if gone and lack:
+            by_mp: dict[int, list[int]] = {}
+            for r, mp in gone:
+                by_mp.setdefault(mp, []).append(r)
+            names = ", ".join(missing_names(list(lack.values()), ranks, mp=mp) for mp, ranks in sorted(by_mp.items()))
+            ranks = ", ".join(str(r) for r in sorted({r for r, _ in gone}))
+            raise InputError(f"missing {lack_what} file(s) {names} for rank(s) {ranks}: {len(have)} {have_what} "
+                             f"files but {len(lack)} {lack_what} files", path=tag_dir,
+                             hint="a rank failed to save, or the files were copied incompletely")
+
+
+def _mp_ranks(groups: list[dict], tag_dir: Path) -> list[int]:
+    mps = sorted({mp for g in groups for _, mp in g})
+    if mps != list(range(len(mps))):
+        gone = sorted(set(range(max(mps) + 1)) - set(mps))
+        raise InputError(f"missing the files of tensor-parallel rank(s) {', '.join(f'mp_rank_{m:02d}' for m in gone)} "
+                         f"(found {', '.join(f'mp_rank_{m:02d}' for m in mps)})", path=tag_dir,
+                         hint="a rank failed to save, or the files were copied incompletely")
+    return mps
+
+
+def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR0912 (one branch per layout kind)
     root, tag, tag_dir = find_tag_dir(ckpt_dir, tag)
     optim, model3, model12 = {}, {}, {}
     for p in sorted(tag_dir.iterdir()):
@@ -136,22 +167,67 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:
                 f"mixture-of-experts checkpoint ({p.name}): expert parameters are saved per expert-parallel rank "
                 "outside the ZeRO partitions; dsdoctor (like zero_to_fp32) does not merge them yet, and a merge "
                 "without them would silently lack every expert", path=tag_dir)
+    if not optim and (model3 or model12) and (tag_dir / "zero").is_dir():
+        return _universal_layout(root, tag, tag_dir, model3 or model12)
     if not optim:
         hint = ("a checkpoint saved without an optimizer (ZeRO-Inference) has no fp32 partitions and no "
                 "param_shapes, so neither dsdoctor nor zero_to_fp32 can rebuild it; save it from a training engine")
         if not model3 and not model12:
             hint = f"tags found: {', '.join(list_tags(root)) or 'none'}"
         raise InputError("no *_optim_states.pt files", path=tag_dir, hint=hint)
-    mp, optim_files = _by_rank(optim, "optim-states", tag_dir)
-    if model3:
-        mp3, model_files = _by_rank(model3, "model-states", tag_dir)
-        if len(model_files) != len(optim_files):
-            raise InputError(f"{len(model_files)} model-states files but {len(optim_files)} optim-states files",
-                             path=tag_dir, hint="the files come from different runs or a rank failed to save")
-    elif model12:
-        if len(model12) > 1:
-            _by_rank(model12, "model-states", tag_dir)  # raises on several mp ranks
-        model_files = list(model12.values())
-    else:
+    if not model3 and not model12:
         raise InputError("no *_model_states.pt file", path=tag_dir)
-    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=optim_files, model_files=model_files, mp_rank=mp)
+    if model3:
+        _pair(model3, optim, tag_dir)
+    mps = _mp_ranks([optim, model3 or model12], tag_dir)
+    layouts = []
+    for mp in mps:
+        optim_files = _by_rank({k: v for k, v in optim.items() if k[1] == mp}, "optim-states", tag_dir)
+        if model3:
+            model_files = _by_rank({k: v for k, v in model3.items() if k[1] == mp}, "model-states", tag_dir)
+        else:
+            model_files = [v for k, v in model12.items() if k[1] == mp]
+            if not model_files:
+                raise InputError(f"missing mp_rank_{mp:02d}_model_states.pt (found "
+                                 f"{', '.join(p.name for p in model12.values())})", path=tag_dir)
+        layouts.append(Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=optim_files, model_files=model_files,
+                              mp_rank=mp))
+    counts = {len(lay.optim_files) for lay in layouts}
+    if len(counts) > 1:
+        detail = ", ".join(f"mp_rank_{lay.mp_rank:02d}: {len(lay.optim_files)}" for lay in layouts)
+        raise InputError(f"the tensor-parallel ranks have different numbers of optim-states files ({detail})",
+                         path=tag_dir, hint="a rank failed to save, or the files were copied incompletely")
+    if len(layouts) == 1:
+        return layouts[0]
+    first = layouts[0]
+    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=first.optim_files, model_files=first.model_files,
+                  mp_layouts=layouts)
+
+
+def _universal_layout(root: Path, tag: str, tag_dir: Path, models: dict) -> Layout:
+    """ds_to_universal's output: the model-states files it copied (the tensor-parallel rank 0's, data-parallel
+    ranks in order) and zero/<param>/fp32.pt."""
+    _mp_ranks([models], tag_dir)
+    first = _by_rank({k: v for k, v in models.items() if k[1] == 0}, "model-states", tag_dir)
+    tp = len({mp for _, mp in models})
+    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=[], model_files=first, universal=True,
+                  mp_layouts=[Layout(root, tag, tag_dir, [], []) for _ in range(tp)] if tp > 1 else [])
+
+
+def checkpoint_near(path) -> Path | None:
+    """A DeepSpeed checkpoint folder (``latest`` or a tag folder with *_model_states.pt) at or beside ``path``:
+    itself, its parent, or one of their sub-folders (what the HF Trainer and save_checkpoint leave there)."""
+    p = Path(path)
+    p = p.parent if p.is_file() else p
+    for base in (p, p.parent):
+        try:
+            subs = sorted(x for x in base.iterdir() if x.is_dir() and not x.is_symlink())[:256]
+        except OSError:
+            continue
+        for d in [base, *subs]:
+            try:
+                if (d / "latest").is_file() or list_tags(d):
+                    return d
+            except OSError:
+                continue
+    return None

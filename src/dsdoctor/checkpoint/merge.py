@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
+from dsdoctor.checkpoint import lora
 from dsdoctor.checkpoint.layout import find_layout
-from dsdoctor.checkpoint.plan import build_plan, read_states
+from dsdoctor.checkpoint.plan import plan_checkpoint
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
 from dsdoctor.dtypes import TORCH_NAMES
 from dsdoctor.errors import InputError, printable
@@ -63,11 +64,15 @@ class MergeResult:
     copied_files: list[str]
     seconds: float
     findings: list[Finding] = field(default_factory=list)
+    tensor_parallel: int = 1  # AutoTP ranks; world_size counts the data-parallel (ZeRO) ranks of each
+    source: str = "zero"  # zero | universal (ds_to_universal's folder)
+    lora: dict | None = None  # {"output": "adapter"|"merged", "adapter", "layers", "scaling", "config"}
 
     def to_dict(self, lang: str = "en") -> dict:
         return {
             "checkpoint": self.checkpoint, "tag": self.tag, "zero_stage": self.zero_stage,
-            "world_size": self.world_size, "ds_version": self.ds_version, "out_dir": self.out_dir,
+            "world_size": self.world_size, "tensor_parallel": self.tensor_parallel, "source": self.source,
+            "lora": self.lora, "ds_version": self.ds_version, "out_dir": self.out_dir,
             "dtype": self.dtype, "tensors": self.tensors, "parameters": self.parameters, "frozen": self.frozen,
             "buffers": self.buffers, "bytes_written": self.bytes_written, "shards": self.shards,
             "tied": self.tied, "tied_stored_once": self.tied_stored_once, "copied_files": self.copied_files,
@@ -80,11 +85,20 @@ class MergeResult:
             return pick(TEXT[key], lang)
 
         tied = ", ".join(f"{a} = {s}" for a, s in self.tied.items()) or "-"
-        return [
-            (t("checkpoint"), f"{self.checkpoint} (tag {self.tag})"),
-            (t("stage ranks"), f"{self.zero_stage} / {self.world_size}"),
+        ranks = f"{self.zero_stage} / {self.world_size}"
+        if self.tensor_parallel > 1:
+            ranks = t("stage ranks tp").format(stage=self.zero_stage, ranks=self.world_size * self.tensor_parallel,
+                                               tp=self.tensor_parallel, dp=self.world_size)
+        rows = [
+            (t("checkpoint"), f"{self.checkpoint} (tag {self.tag})"
+                              + (t("universal") if self.source == "universal" else "")),
+            (t("stage ranks"), ranks),
             (t("tensors"), t("tensors value").format(tensors=self.tensors, params=human_count(self.parameters),
                                                      frozen=self.frozen, buffers=self.buffers)),
+        ]
+        if self.lora:
+            rows.append(("LoRA", t("lora " + self.lora["output"]).format(**self.lora)))
+        return rows + [
             (t("written"), t("written value").format(out=self.out_dir, shards=len(self.shards),
                                                      size=human_bytes(self.bytes_written), dtype=self.dtype)),
             (t("tied"), tied + ("" if not self.tied else t("stored once" if self.tied_stored_once else "copied tied"))),
@@ -177,9 +191,14 @@ def _progress(total: int, enabled: bool):
                 disable=not sys.stderr.isatty(), leave=False)
 
 
-def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",  # noqa: C901,PLR0915
-          model=None, force: bool = False, progress: bool = True) -> MergeResult:
-    """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``."""
+def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",  # noqa: C901,PLR0912,PLR0915
+          model=None, force: bool = False, progress: bool = True, merge_lora: bool = False,
+          adapter_config=None) -> MergeResult:
+    """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``.
+
+    A PEFT LoRA checkpoint becomes a PEFT adapter (``adapter_model.safetensors`` + the run's
+    ``adapter_config.json``, found beside the checkpoint or given as ``adapter_config``), or with
+    ``merge_lora`` the base model's weights with every LoRA update folded in."""
     started = time.perf_counter()
     if dtype not in DTYPES:
         raise InputError(f"--dtype must be one of fp32, bf16, fp16, not {dtype!r}")
@@ -190,28 +209,33 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     out = Path(out_dir)
     layout = find_layout(ckpt_dir, tag)
     cfg_dir, searched = _config_dir(model, layout.root)
-    inputs = [layout.root, layout.tag_dir, cfg_dir, *layout.optim_files, *layout.model_files]
+    inputs = [layout.root, layout.tag_dir, cfg_dir, *layout.optim_files, *layout.model_files,
+              *[f for sub in layout.mp_layouts for f in sub.optim_files + sub.model_files]]
     door.check_output_path(out, force, inputs)
-    plan = build_plan(read_states(layout))
+    plan = plan_checkpoint(layout)
+    keyed, aliases, lora_info, adapter_file = _lora_outputs(plan, layout, model, merge_lora, adapter_config)
+    adapter_out = lora_info is not None and lora_info["output"] == "adapter"
     # a config.json that is a link out of its folder is neither read nor copied (DSD415 below says so)
     cfg = {} if cfg_dir is None or model_file_problem(cfg_dir / "config.json", cfg_dir) else _read_config(cfg_dir)
 
     findings: list[Finding] = []
-    tensors = [OutTensor(t.name, t, output_dtype(t, out_dtype)) for t in plan.tensors]
+    tensors = [OutTensor(key, t, output_dtype(t, out_dtype)) for key, t in keyed]
     stored_once = _ties_embeddings(cfg)
-    if plan.aliases and not stored_once:
+    if aliases and not stored_once:
         by_name = {t.name: t for t in tensors}
-        tensors += [OutTensor(alias, by_name[src].plan, by_name[src].dtype) for alias, src in plan.aliases.items()]
-        findings.append(Finding("DSD411", {"names": ", ".join(f"{a} = {s}" for a, s in plan.aliases.items())}))
-    from_module = [t.name for t in plan.tensors if t.kind == "module"]
+        tensors += [OutTensor(alias, by_name[src].plan, by_name[src].dtype) for alias, src in aliases.items()]
+        findings.append(Finding("DSD411", {"names": ", ".join(f"{a} = {s}" for a, s in aliases.items())}))
+    from_module = [key for key, t in keyed if t.kind == "module"]
     if from_module:
         findings.append(Finding("DSD412", {"count": len(from_module), "names": ", ".join(from_module[:5])
                                            + (f", ... ({len(from_module) - 5} more)" if len(from_module) > 5 else "")}))
     total = sum(t.nbytes for t in tensors)
-    to_copy = []
+    to_copy = [] if adapter_file is None else [adapter_file]
     if cfg_dir is not None:
         for name in MODEL_FILES:
             src = cfg_dir / name
+            if adapter_out and name in ("config.json", "generation_config.json"):
+                continue  # a base config beside adapter keys is the bug this output avoids
             if not src.exists() and not src.is_symlink():
                 continue
             problem = model_file_problem(src, cfg_dir)
@@ -219,8 +243,8 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
                 findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
             else:
                 to_copy.append(src)
-                total += door.copy_size(src, door.MODEL_FILE)  # bounded, not sparse: checked before any write
-    no_crc = sorted({str(p.ref.path) for t in plan.tensors for p in t.pieces if p.ref.record_crc is None})
+    total += sum(door.copy_size(src, door.MODEL_FILE) for src in to_copy)  # bounded, not sparse: checked first
+    no_crc = sorted({str(p.ref.path) for _, t in keyed for p in t.pieces if p.ref.record_crc is None})
     if no_crc:
         findings.append(Finding("DSD416", {"count": len(no_crc), "files": ", ".join(Path(f).name for f in no_crc[:3])
                                            + (f", ... ({len(no_crc) - 3} more)" if len(no_crc) > 3 else "")}))
@@ -243,29 +267,65 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         with door.atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
             metadata = {"format": "pt", "dsdoctor": {
                 "source": str(layout.tag_dir), "zero_stage": plan.stage, "world_size": plan.world_size,
-                "dtype": out_dtype, "tied_weights": plan.aliases, "tied_stored_once": stored_once and bool(plan.aliases),
+                "tensor_parallel": plan.tp_size, "dtype": out_dtype, "tied_weights": aliases,
+                "tied_stored_once": stored_once and bool(aliases), "lora": lora_info,
             }}
             shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
-                                           on_bytes=(bar.update if bar is not None else lambda n: None))
+                                           on_bytes=(bar.update if bar is not None else lambda n: None),
+                                           single=lora.ADAPTER_WEIGHTS if adapter_out else None)
             for src in to_copy:
-                door.copy_file(src, tmp / src.name, door.MODEL_FILE)
-                copied.append(src.name)
+                name = lora.CONFIG_NAME if src == adapter_file else src.name
+                door.copy_file(src, tmp / name, door.ADAPTER_CONFIG if src == adapter_file else door.MODEL_FILE)
+                copied.append(name)
     finally:
         if bar is not None:
             bar.close()
-    if "config.json" not in copied:
+    if adapter_out:
+        findings.append(Finding("DSD421", {"out_dir": str(out), "count": len(tensors), "adapter": lora_info["adapter"],
+                                           "layers": lora_info["layers"], "ckpt": str(layout.root)}))
+    elif "config.json" not in copied:
         findings.append(Finding("DSD410", {"searched": ", ".join(map(str, searched)), "out_dir": str(out)}))
 
     return MergeResult(
         checkpoint=str(layout.root), tag=layout.tag, zero_stage=plan.stage, world_size=plan.world_size,
         ds_version=plan.ds_version, out_dir=str(out), dtype=out_dtype,
         tensors=len(tensors),
-        parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in plan.aliases),
-        frozen=sum(1 for t in plan.tensors if t.kind in ("frozen", "module")),
-        buffers=sum(1 for t in plan.tensors if t.kind == "buffer"),
-        bytes_written=written, shards=shards, tied=dict(plan.aliases), tied_stored_once=stored_once and bool(plan.aliases),
+        parameters=sum(t.plan.numel for t in tensors if t.plan.kind != "buffer" and t.name not in aliases),
+        frozen=sum(1 for _, t in keyed if t.kind in ("frozen", "module")),
+        buffers=sum(1 for _, t in keyed if t.kind == "buffer"),
+        bytes_written=written, shards=shards, tied=dict(aliases), tied_stored_once=stored_once and bool(aliases),
         copied_files=copied, seconds=time.perf_counter() - started, findings=findings,
+        tensor_parallel=plan.tp_size, source=plan.source, lora=lora_info,
     )
+
+
+def _lora_outputs(plan, layout, model, merge_lora: bool, adapter_config):
+    """(key, tensor) pairs to write, tied aliases, what was done with a LoRA checkpoint (None: not one) and the
+    adapter_config.json to copy beside an adapter."""
+    adapter = lora.detect(plan)
+    if adapter is None:
+        if merge_lora or adapter_config is not None:
+            flag = "--merge-lora" if merge_lora else "--adapter-config"
+            raise InputError(f"{flag}: not a LoRA checkpoint (no lora_A / lora_B tensors)", path=layout.tag_dir)
+        return [(t.name, t) for t in plan.tensors], dict(plan.aliases), None, None
+    folders = [layout.tag_dir, layout.root, layout.root.parent] + ([Path(model)] if model else [])
+    cfg_path, looked = lora.find_config(adapter_config, folders)
+    example = next(iter(adapter.modules))
+    if cfg_path is None:
+        raise InputError(f"a PEFT LoRA checkpoint (adapter '{adapter.name}', {len(adapter.modules)} LoRA layers such "
+                         f"as {example}): writing it needs the run's adapter_config.json (r, lora_alpha, use_rslora), "
+                         f"which is in none of {', '.join(map(str, looked))}", path=layout.tag_dir,
+                         hint="pass --adapter-config FILE; PEFT writes it with model.save_pretrained(DIR)")
+    if model_file_problem(cfg_path, cfg_path.parent) is not None:
+        raise InputError("not a regular file inside its folder (a link out of it, or a device); dsdoctor neither "
+                         "reads nor copies it", path=cfg_path, hint="copy the real adapter_config.json there")
+    cfg = lora.read_config(cfg_path)
+    info = {"adapter": adapter.name, "layers": len(adapter.modules), "config": str(cfg_path), "r": cfg.r,
+            "alpha": cfg.alpha, "rslora": cfg.use_rslora, "dora": cfg.use_dora}
+    if merge_lora:
+        keyed, aliases = lora.merged_plan(plan, adapter, cfg)
+        return keyed, aliases, dict(info, output="merged"), None
+    return lora.adapter_plan(plan, adapter, cfg), {}, dict(info, output="adapter"), cfg_path
 
 
 __all__ = ["merge", "MergeResult", "INDEX_NAME"]

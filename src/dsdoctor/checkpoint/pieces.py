@@ -2,7 +2,9 @@
 (``zero3.py``, ``zero12.py``), which ``plan.build_plan`` dispatches to."""
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dsdoctor.checkpoint.layout import Layout
@@ -15,6 +17,7 @@ class Piece:
     ref: TensorRef
     start: int  # element index into ref (flattened)
     count: int
+    divisor: float = 1.0  # the shard holds the value times this (a row-parallel bias pre-divided by the TP size)
 
 
 @dataclass
@@ -23,7 +26,10 @@ class TensorPlan:
     shape: tuple
     dtype: str  # source dtype of the pieces (all pieces share it)
     pieces: list[Piece]
-    kind: str  # trainable | frozen | buffer
+    kind: str  # trainable | frozen | buffer | module | folded
+    # folded tensors (a LoRA update added to its base weight): computed from the pieces, which are read (and
+    # CRC-checked) through the callable it is given; returns the tensor in float32
+    compute: Callable | None = None
 
     @property
     def numel(self) -> int:
@@ -37,6 +43,8 @@ class MergePlan:
     tensors: list[TensorPlan]  # in DeepSpeed's order: buffers, frozen, trainable
     aliases: dict[str, str] = field(default_factory=dict)  # shared (tied) name -> name that holds the data
     ds_version: str | None = None
+    tp_size: int = 1  # tensor-parallel (AutoTP) ranks the shards were split over
+    source: str = "zero"  # zero | universal (a ds_to_universal folder)
 
 
 @dataclass
@@ -81,3 +89,30 @@ def flat_groups(states: States, key: str, kind: str) -> list[list[TensorRef]]:
             raise InputError(f"no {key} in a {kind} optim-states file", path=p)
         out.append(flat)
     return out
+
+
+def slice_pieces(pieces: list[Piece], start: int, count: int, divisor: float = 1.0,
+                 ends: list[int] | None = None) -> list[Piece]:
+    """Pieces covering elements [start, start+count) of the concatenation of ``pieces`` (``ends``: their
+    cumulative counts, when the caller slices the same list many times)."""
+    ends = ends if ends is not None else list(_ends(pieces))
+    out, end = [], start + count
+    i = bisect.bisect_right(ends, start)
+    while count and i < len(pieces) and (ends[i] - pieces[i].count) < end:
+        p = pieces[i]
+        base = ends[i] - p.count
+        lo, hi = max(start, base), min(end, ends[i])
+        if lo < hi:
+            out.append(Piece(p.ref, p.start + lo - base, hi - lo, p.divisor * divisor))
+        i += 1
+    if sum(p.count for p in out) != count:
+        raise InputError(f"a shard ends early: wanted elements {start}..{end} of {ends[-1] if ends else 0}",
+                         path=pieces[0].ref.path if pieces else None)
+    return out
+
+
+def _ends(pieces: list[Piece]):
+    total = 0
+    for p in pieces:
+        total += p.count
+        yield total

@@ -73,6 +73,23 @@ def check_world_size(states: States) -> int:
     return world
 
 
+def plan_checkpoint(layout: Layout) -> MergePlan:
+    """The plan of any layout: a universal folder, several tensor-parallel ranks, or one ZeRO checkpoint."""
+    if layout.universal:
+        from dsdoctor.checkpoint.universal import plan_universal
+
+        return plan_universal(layout)
+    if layout.mp_layouts:
+        from dsdoctor.checkpoint.tp import plan_tp
+
+        try:
+            return plan_tp([read_states(sub) for sub in layout.mp_layouts], build_plan)
+        except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+            raise InputError(f"malformed checkpoint: {type(exc).__name__}: {printable(exc)[:200]}",
+                             path=layout.tag_dir) from None
+    return build_plan(read_states(layout))
+
+
 def build_plan(states: States) -> MergePlan:
     world = check_world_size(states)
     check_one_save(states)  # every rank file from one save: the odd one is named

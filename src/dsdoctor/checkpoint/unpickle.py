@@ -192,6 +192,7 @@ _DEEPSPEED_OPAQUE = (
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
     "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.checkpoint.universal_checkpoint.SubparamShape",  # in ds_to_universal's fp32.pt files
     "argparse.Namespace",
 )
 

@@ -338,11 +338,42 @@ class _Copier:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
             self.crc.submit(piece.ref, offset, view)
             out = self._out[: n * ITEMSIZE[out_dtype]].view(dst_dtype)
-            out.copy_(torch.frombuffer(self._in, dtype=src_dtype, count=n))
+            values = torch.frombuffer(self._in, dtype=src_dtype, count=n)
+            if piece.divisor != 1.0:  # in the shard's dtype, as DeepSpeed's own rebuild divides
+                values = values / piece.divisor
+            out.copy_(values)
             _write_all(self.out_fd, out.view(torch.uint8).numpy())
             self.on_bytes(n * ITEMSIZE[out_dtype])
             start += n
             left -= n
+
+
+    def read(self, piece: Piece):
+        """The piece's elements as a 1-D tensor (its CRC fed like every other read)."""
+        import torch
+
+        offset, length = piece.ref.byte_range(piece.start, piece.count)
+        buf = bytearray(length)
+        self.crc.sync()
+        if length and os.preadv(self.sources.fd(piece.ref.path), [buf], offset) != length:
+            raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
+        self.crc.submit(piece.ref, offset, memoryview(buf))
+        values = torch.frombuffer(buf, dtype=getattr(torch, piece.ref.dtype)) if length else \
+            torch.empty(0, dtype=getattr(torch, piece.ref.dtype))
+        return values / piece.divisor if piece.divisor != 1.0 else values
+
+    def write_computed(self, t: OutTensor):
+        """A tensor computed from its pieces (a LoRA update folded into its base weight): one tensor in memory."""
+        import torch
+
+        values = t.plan.compute(self.read)
+        if tuple(values.shape) != tuple(t.plan.shape):
+            raise InputError(f"{t.name}: computed shape {tuple(values.shape)} is not {tuple(t.plan.shape)}",
+                             path=t.plan.pieces[0].ref.path if t.plan.pieces else None)
+        out = values.to(getattr(torch, t.dtype)).contiguous().reshape(-1)
+        self.crc.sync()
+        _write_all(self.out_fd, out.view(torch.uint8).numpy())
+        self.on_bytes(out.numel() * ITEMSIZE[t.dtype])
 
 
 def _write_all(fd: int, buf) -> None:
@@ -358,8 +389,11 @@ def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_byte
         _write_all(fd, _header(tensors, {"format": "pt"}))
         copier = _Copier(fd, sources, on_bytes, crc)
         for t in tensors:
+            if t.plan.compute is not None:
+                copier.write_computed(t)
+                continue
             for piece in t.plan.pieces:
-                if piece.ref.dtype == t.dtype:
+                if piece.ref.dtype == t.dtype and piece.divisor == 1.0:
                     copier.copy(piece)
                 else:
                     copier.convert(piece, t.dtype)
@@ -370,10 +404,11 @@ def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_byte
 
 
 def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, extra_metadata: dict,
-              on_bytes=lambda n: None) -> tuple[list[str], dict[str, str], int]:
-    """Write the shards and the index into ``out_dir``. Returns (shard names, weight map, total bytes)."""
-    shards = assign_shards(tensors, max_shard_bytes)
-    names = shard_names(len(shards))
+              on_bytes=lambda n: None, single: str | None = None) -> tuple[list[str], dict[str, str], int]:
+    """Write the shards and the index into ``out_dir``. Returns (shard names, weight map, total bytes).
+    ``single``: one file of that name and no index (a PEFT adapter, which PEFT reads from one file)."""
+    shards = [tensors] if single else assign_shards(tensors, max_shard_bytes)
+    names = [single] if single else shard_names(len(shards))
     weight_map: dict[str, str] = {}
     sources = _Sources()
     crcs = RecordCrcs(sources)
@@ -391,6 +426,7 @@ def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, ext
         crcs.finish()
     finally:
         sources.close()
-    index = {"metadata": {"total_size": total, **extra_metadata}, "weight_map": weight_map}
-    door.write_new(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
+    if not single:
+        index = {"metadata": {"total_size": total, **extra_metadata}, "weight_map": weight_map}
+        door.write_new(out_dir / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     return names, weight_map, total

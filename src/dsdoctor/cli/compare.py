@@ -17,6 +17,7 @@ EXAMPLES = """\
   dsdoctor compare ./Llama-3-8B                                  # plain vs ZeRO-3 (2 ranks)
   dsdoctor compare ./Llama-3-8B --paths plain,zero3,tp --gpus 2 --out cmp-report
   dsdoctor compare ./merged ./reference --paths plain            # merged weights vs a reference
+  dsdoctor compare ./adapter ./merged --base ./base-model         # PEFT adapter on its base vs its --merge-lora merge
   dsdoctor compare ./model --prompts prompts.jsonl --max-new-tokens 32 --dtype fp32 --format json
   DS_ACCELERATOR=cpu dsdoctor compare ./tiny-model               # on a machine without GPUs
 prompt file: one prompt per line, a JSON list of token ids ([1, 450, 4996]), {"ids": [...]}, {"text": "..."}
@@ -37,6 +38,8 @@ def register(sub):
     p.add_argument("model_dir", metavar="MODEL_DIR", help="local model directory (config.json + *.safetensors)")
     p.add_argument("model_dir_b", metavar="MODEL_DIR_B", nargs="?", default=None,
                    help="second model directory, compared with MODEL_DIR through the same load path")
+    p.add_argument("--base", metavar="DIR", default=None,
+                   help="base model folder for a MODEL_DIR that is a PEFT adapter (adapter_config.json, no config.json)")
     p.add_argument("--paths", default=None,
                    help="comma-separated load paths, the first is the reference: plain, zero3, zero3-offload, tp "
                         "(default: plain,zero3; with MODEL_DIR_B: plain)")
@@ -61,6 +64,7 @@ def run(args) -> int:
         args.model_dir, args.model_dir_b, paths=args.paths, gpus=args.gpus, prompts=args.prompts,
         max_new_tokens=args.max_new_tokens, dtype=args.dtype, out=args.out, force=args.force,
         timeout=args.timeout, progress=None if args.quiet else log, oversubscribe=args.oversubscribe,
+        base=args.base,
     )
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

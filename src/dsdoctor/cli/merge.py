@@ -7,6 +7,9 @@ EXAMPLES = """\
   dsdoctor merge out/checkpoint-500 merged/ --model meta-llama/Llama-3-8B-local
   dsdoctor merge ckpt/ merged/ --tag global_step2000 --dtype bf16 --max-shard-size 2GB
   dsdoctor merge ckpt/ merged/ --force --format json     # replace merged/, machine-readable summary
+  dsdoctor merge lora-run/checkpoint-500 adapter/        # PEFT LoRA: adapter_model.safetensors + adapter_config.json
+  dsdoctor merge lora-run/checkpoint-500 full/ --merge-lora --model ./base-model   # base weights, LoRA folded in
+  dsdoctor merge ckpt/ merged/ --tag global_step500_universal   # a universal checkpoint (ds_to_universal output)
 then: dsdoctor verify merged/ --model merged/"""
 
 
@@ -15,7 +18,9 @@ def register(sub):
         sub, "merge", "turn DeepSpeed ZeRO-1/2/3 checkpoint shards into safetensors that from_pretrained loads",
         EXAMPLES,
         description=("Rebuild every parameter (trainable and frozen), buffer and tied weight of a DeepSpeed ZeRO "
-                     "checkpoint and write safetensors shards + model.safetensors.index.json. Streams with bounded "
+                     "checkpoint (also tensor-parallel AutoTP + ZeRO, and universal checkpoints) and write safetensors "
+                     "shards + model.safetensors.index.json. A PEFT LoRA checkpoint becomes a PEFT adapter, or with "
+                     "--merge-lora the base model's weights with the LoRA update folded in. Streams with bounded "
                      "memory, never runs code from the checkpoint, and writes atomically."),
     )
     p.add_argument("ckpt_dir", help="checkpoint directory (holding `latest` and the tag directories), or a tag directory")
@@ -25,6 +30,11 @@ def register(sub):
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors shard (default: 5GB)")
     p.add_argument("--model", help="directory with config.json and tokenizer files to copy (default: the checkpoint "
                                    "directory or its parent)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="LoRA checkpoint: write the base model's weights with W + scaling*B@A folded in (default: a "
+                        "PEFT adapter, adapter_model.safetensors + adapter_config.json)")
+    p.add_argument("--adapter-config", metavar="FILE",
+                   help="the run's adapter_config.json (default: found in the tag, checkpoint or parent directory)")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     add_quiet_flag(p, "no progress bar")
     add_output_flags(p)
@@ -37,6 +47,7 @@ def run(args) -> int:
     if not args.quiet:
         log(f"dsdoctor: merging {args.ckpt_dir} -> {args.out_dir}")
     result = merge(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                   model=args.model, force=args.force, progress=not args.quiet)
+                   model=args.model, force=args.force, progress=not args.quiet,
+                   merge_lora=args.merge_lora, adapter_config=args.adapter_config)
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

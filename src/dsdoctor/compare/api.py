@@ -200,12 +200,43 @@ def _verdict(pair: PairResult, lang: str, style: Style | None) -> str:
 
 
 # -- validation -------------------------------------------------------------------------------------------
+def _check_adapter_dir(adapter_dir, base) -> Path:
+    """A PEFT adapter folder (adapter_config.json + adapter_model.safetensors) and its base model folder."""
+    import importlib.util
+
+    from dsdoctor.checkpoint import lora
+
+    p = Path(adapter_dir)
+    if base is None:
+        raise InputError("is a PEFT adapter folder (adapter_config.json, no config.json)", path=p,
+                         hint="pass --base DIR, the base model the adapter was trained on")
+    lora.read_config(p / lora.CONFIG_NAME)
+    if not (p / lora.ADAPTER_WEIGHTS).is_file():
+        raise InputError(f"a PEFT adapter folder without {lora.ADAPTER_WEIGHTS}", path=p)
+    door.check_library_files([p / lora.ADAPTER_WEIGHTS], door.SAFETENSORS)
+    door.check_library_files([p / lora.CONFIG_NAME], door.ADAPTER_CONFIG)
+    if importlib.util.find_spec("peft") is None:
+        raise InputError("comparing a PEFT adapter needs the peft package in this environment", path=p,
+                         hint="pip install peft, or merge it first: dsdoctor merge CKPT OUT --merge-lora")
+    return _check_model_dir(base)
+
+
 def _check_model_dir(model_dir) -> Path:
     p = Path(model_dir)
     if not p.exists():
         raise InputError("model directory not found", path=p)
     if not p.is_dir():
         raise InputError("is not a directory", path=p, hint="pass the directory that holds config.json and the weights")
+    from dsdoctor.model.custom import custom_code_classes
+    from dsdoctor.model.spec import read_config_json
+
+    if (p / "config.json").is_file():
+        custom = custom_code_classes(read_config_json(p)[1])
+        if custom:
+            raise InputError(f"config.json needs the folder's own code ({', '.join(custom)}), which transformers does "
+                             "not ship; dsdoctor never runs code from a model folder (trust_remote_code stays off)",
+                             path=p / "config.json",
+                             hint="compare a model whose architecture transformers ships (model_type in config.json)")
     if not any(p.glob("*.safetensors")):
         hint = "convert the weights to safetensors (save_pretrained(..., safe_serialization=True))"
         if any(p.glob("*.bin")) or any(p.glob("*.pt")):
@@ -278,6 +309,7 @@ def compare(  # noqa: C901,PLR0912,PLR0915
     timeout: float | None = None,
     progress: Callable[[str], None] | None = None,
     oversubscribe: bool = False,
+    base=None,
 ) -> CompareResult:
     """Greedy-generate the same prompts through each load path and compare every path with the first.
 
@@ -286,14 +318,25 @@ def compare(  # noqa: C901,PLR0912,PLR0915
     file (see ``dsdoctor.compare.prompts``) or a list of token-id lists; None draws deterministic ones.
     ``gpus``: ranks for multi-rank paths (default: visible GPUs, else 2); more ranks than visible GPUs, or
     on the CPU accelerator than usable cores, is refused (the latter unless ``oversubscribe``). ``out``: a directory for the
-    report and the raw run records (refused if it exists unless ``force``)."""
+    report and the raw run records (refused if it exists unless ``force``). A model directory that is a PEFT
+    adapter folder runs as the adapter on its base model ``base`` (not merged), on the plain path: compare it
+    with the merged weights to check a merge token for token."""
+    from dsdoctor.checkpoint.lora import is_adapter_dir
+
     say = progress or (lambda msg: None)
-    spec_a = load_model_spec(_check_model_dir(model_dir))
+    adapters = {d: is_adapter_dir(d) for d in (model_dir, model_dir_b) if d is not None}
+
+    def checked(d) -> Path:
+        return _check_adapter_dir(d, base) if adapters[d] else _check_model_dir(d)
+
+    spec_a = load_model_spec(checked(model_dir))
     if paths is None:
         paths = ("plain",) if model_dir_b is not None else ("plain", "zero3")
     paths = _parse_paths(paths)
+    if any(adapters.values()) and paths != ["plain"]:
+        raise InputError("a PEFT adapter runs on the plain load path only", hint="pass --paths plain")
     if model_dir_b is not None:
-        spec_b = load_model_spec(_check_model_dir(model_dir_b))
+        spec_b = load_model_spec(checked(model_dir_b))
         if spec_b.vocab_size != spec_a.vocab_size:
             raise InputError(f"vocabulary size {spec_b.vocab_size} differs from {spec_a.vocab_size} in "
                              f"{model_dir}: not the same model", path=model_dir_b)
@@ -345,7 +388,7 @@ def compare(  # noqa: C901,PLR0912,PLR0915
         jobs = [(p, p, model_dir) for p in paths]
     else:
         jobs = [("A", paths[0], model_dir), ("B", paths[0], model_dir_b)]
-    base = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "dtype": dtype_name,
+    job_base = {"prompts": prompt_ids, "max_new_tokens": max_new_tokens, "dtype": dtype_name,
             "probe_ids": probe_ids(spec_a.vocab_size), "top_k": TOP_K, "quiet": progress is None}
 
     def run_all(workdir: Path) -> CompareResult:
@@ -354,7 +397,9 @@ def compare(  # noqa: C901,PLR0912,PLR0915
             nprocs = ranks if path in MULTI_RANK else 1
             say(f"[{n}/{len(jobs)}] {label}: {PATHS[path]} ({nprocs} rank{'s' * (nprocs > 1)}) ...")
             t0 = time.perf_counter()
-            job = dict(base, label=label, path=path, model_dir=str(Path(mdir).resolve()))
+            job = dict(job_base, label=label, path=path, model_dir=str(Path(mdir).resolve()))
+            if adapters.get(mdir):
+                job.update(model_dir=str(Path(base).resolve()), adapter_dir=str(Path(mdir).resolve()))
             outcome = run_path(job, workdir, nprocs, timeout=timeout)
             run = PathRun(label, path, str(mdir), outcome.ok, nprocs, command=outcome.command,
                           error=outcome.error, log=outcome.log, log_tail=outcome.log_tail)
@@ -382,7 +427,7 @@ def compare(  # noqa: C901,PLR0912,PLR0915
             for r in result.runs:
                 r.log = ""  # gone with the temporary directory; the tail stays in the result
         return result
-    inputs = [model_dir, model_dir_b, prompts if isinstance(prompts, (str, os.PathLike)) else None]
+    inputs = [model_dir, model_dir_b, base, prompts if isinstance(prompts, (str, os.PathLike)) else None]
     with door.atomic_output_dir(out, force=force, inputs=inputs, command="compare") as tmp:
         result = run_all(Path(tmp))
         result.out = str(out)

@@ -74,6 +74,10 @@ def load(job: dict):
         job["model_dir"], dtype=torch_dtype, trust_remote_code=False, use_safetensors=True,
         device_map={"": torch.device("cpu") if path == "zero3-offload" else device},
     )
+    if job.get("adapter_dir"):  # a PEFT adapter on its base model, not merged: what the adapter computes
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, job["adapter_dir"], is_trainable=False)
     model.eval()
     if path == "plain":
         return model, device, {}, 1

@@ -22,6 +22,7 @@ early with ``check_output_path``; new files inside a folder being built ``write_
 from __future__ import annotations
 
 from dsdoctor.door.kinds import (
+    ADAPTER_CONFIG,
     COMPARE_JOB,
     COMPARE_RECORD,
     DS_CONFIG,
@@ -100,6 +101,7 @@ from dsdoctor.door.write import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
     "COMPARE_JOB",
     "COMPARE_RECORD",
     "DS_CONFIG",

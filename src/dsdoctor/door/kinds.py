@@ -37,6 +37,7 @@ NODES = 100_000  # real configs hold fewer than 1,000 values
 DS_CONFIG = Kind("DeepSpeed config file", 16 * MiB, max_depth=DEPTH, max_nodes=NODES, slow_parse_bytes=64 * KiB)
 RL_JOB = Kind("RL job file", 1 * MiB, max_depth=DEPTH, max_nodes=NODES, slow_parse_bytes=64 * KiB)  # plan --loop --job
 MODEL_CONFIG = Kind("model config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES)
+ADAPTER_CONFIG = Kind("PEFT adapter_config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES)
 PROMPTS = Kind("prompt file", 64 * MiB)
 MACHINE_PROFILE = Kind("machine profile", 4 * MiB, "utf-8", DEPTH, NODES)  # real ones: ~3 KiB
 LATEST = Kind("`latest` file", 4 * KiB, None)  # one tag name
