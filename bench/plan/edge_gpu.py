@@ -72,6 +72,25 @@ CASES = [
     case("llama-1b", "plain", 64, 128, 16, measure=True),  # recorded: -6.1%
     case("qwen2-7b", "zero3-offload", 1, 2048, 8, measure=True),  # recorded: -20.0%
 ]
+# Hold-out set (run 2): shapes and batch x prompt never run before on any bench, chosen before running, to test
+# plan's allocated peak and its line on runs it never saw. Qwen2.5-3B (tied 152k vocabulary, 2 KV heads) and a
+# Mistral-Nemo-12B shape (head_dim 128 explicit while hidden / heads is 160; no sliding window).
+HOLDOUT_MODELS = {
+    "qwen2.5-3b": dict(SPEED_MODELS["qwen2-1.5b"], hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2),
+    "nemo-12b": dict(SPEED_MODELS["mistral-7b"], hidden_size=5120, intermediate_size=14336, num_hidden_layers=40,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=131072,
+                     max_position_embeddings=131072, rope_theta=1000000.0, sliding_window=None),
+}
+HOLDOUT_CASES = [
+    case("qwen2.5-3b", "plain", 12, 1536, 16, measure=True),
+    case("nemo-12b", "plain", 2, 4096, 16, measure=True),
+    case("llama-8b", "plain", 3, 5000, 12, measure=True),
+    case("qwen2.5-3b", "zero3", 6, 3072, 8, measure=True),
+    case("phi3-mini", "zero3", 4, 3000, 8, measure=True),
+    case("qwen2-7b", "zero3", 8, 1000, 8, measure=True),
+    case("nemo-12b", "zero3-offload", 4, 2048, 4, measure=True),
+]
 TINY_CASES = [case("tiny", "plain", 2, 16, 4), case("tiny", "zero3", 2, 16, 4),
               case("tiny", "zero3-offload", 1, 8, 3, measure=True)]
 
@@ -408,6 +427,8 @@ def measure(a) -> int:
     start = time.time()
     cuda = _cuda_available()
     models, cases = (TINY_MODELS, TINY_CASES) if a.tiny else (MODELS, CASES)
+    if a.set == "holdout":
+        models, cases = dict(MODELS, **HOLDOUT_MODELS), HOLDOUT_CASES
     if a.only:
         keys = a.only.split(",")
         cases = [c for c in cases if any(k in c["id"] for k in keys)]
@@ -452,7 +473,7 @@ def reestimate(a) -> int:
     """Plan again, with the current code, for recorded runs: is its verdict right at the recorded caps?"""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    models_dir = write_models(out, {**MODELS, **TINY_MODELS})
+    models_dir = write_models(out, {**MODELS, **HOLDOUT_MODELS, **TINY_MODELS})
     recs = []
     for f in a.reestimate:
         f = Path(f)
@@ -494,6 +515,8 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=3)
     ap.add_argument("--delta", type=float, default=DELTA)
     ap.add_argument("--only", default=None)
+    ap.add_argument("--set", choices=("run1", "holdout"), default="run1",
+                    help="run1: the cases of edge run 1; holdout: shapes and sizes no bench ran before")
     ap.add_argument("--reestimate", nargs="+", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--models", default=None, help=argparse.SUPPRESS)
