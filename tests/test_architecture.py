@@ -121,8 +121,8 @@ ALLOWED = {
     "dsdoctor.config": FOUNDATION | {"dsdoctor.model"},
     "dsdoctor.calibrate": FOUNDATION | READING,
     "dsdoctor.plan": FOUNDATION | READING | {"dsdoctor.calibrate"},
-    "dsdoctor.checkpoint": FOUNDATION,
-    "dsdoctor.compare": FOUNDATION | {"dsdoctor.model"},
+    "dsdoctor.checkpoint": FOUNDATION | {"dsdoctor.model"},  # verify builds the model from its config.json
+    "dsdoctor.compare": FOUNDATION | {"dsdoctor.model", "dsdoctor.checkpoint"},  # an adapter read as merge reads it
     "dsdoctor.trace": FOUNDATION | READING | {"dsdoctor.calibrate", "dsdoctor.plan"},
     "dsdoctor.envinfo": FOUNDATION | {"dsdoctor.config"},
     "dsdoctor.diagnose": FOUNDATION | READING | {"dsdoctor.calibrate", "dsdoctor.plan", "dsdoctor.checkpoint",
