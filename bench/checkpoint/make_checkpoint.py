@@ -1,6 +1,9 @@
 """Write a real DeepSpeed 0.19.8 ZeRO-3 checkpoint of a ~1.1B-parameter Llama (TinyLlama shape), cheaply.
 
-  DS_ACCELERATOR=cpu deepspeed --num_gpus 2 bench/checkpoint/make_checkpoint.py OUT_DIR
+  DS_ACCELERATOR=cpu deepspeed --num_gpus 2 bench/checkpoint/make_checkpoint.py OUT_DIR [--size 1.5b]
+
+``--size 1.5b``: the same shape with 32 layers, 1.54B parameters (6.2 GB of fp32 partitions; about 20 GB of RAM
+while it is made).
 
 bf16 model (2.2 GB per rank before ZeRO-3 partitions it), AdamW so param_shapes and the fp32
 flat groups are written, and save_checkpoint without any step so no Adam moments exist. The checkpoint holds
@@ -18,10 +21,13 @@ import transformers
 CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
               num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
               rms_norm_eps=1e-5)
+SIZES = {"1.1b": CONFIG, "1.5b": dict(CONFIG, num_hidden_layers=32)}
 
 
 def main():
-    out = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][0]
+    args = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    size = args[args.index("--size") + 1] if "--size" in args else "1.1b"
+    out = next(a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--size"))
     deepspeed.init_distributed(dist_backend="gloo")
     rank = int(os.environ.get("RANK", "0"))
     ds_config = {
@@ -31,7 +37,7 @@ def main():
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
     }
     t0 = time.time()
-    cfg = transformers.LlamaConfig(**CONFIG)
+    cfg = transformers.LlamaConfig(**SIZES[size])
     # zero.Init would build it partitioned, but its tensor patch fails on torch 2.13; build whole in bf16
     torch.manual_seed(rank)
     torch.set_default_dtype(torch.bfloat16)
