@@ -165,6 +165,9 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if jit_ops.STATE["why"]:  # the DeepSpeed tests that fail or hang next are then explained here
+        terminalreporter.section("DeepSpeed's CPU op was not built before the tests")
+        terminalreporter.write_line(jit_ops.STATE["why"])
     if _AUDIT:
         terminalreporter.section("marked process, started none")
         for nodeid in sorted(_AUDIT):

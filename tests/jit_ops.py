@@ -32,7 +32,7 @@ _BUILD = (
     "b is None or b.load(verbose=False)\n"
 )
 BUILT_ENV = "DSDOCTOR_TEST_SHM_OP_BUILT"  # set by the controller, read by the xdist workers it starts
-STATE = {"why": ""}
+STATE = {"why": ""}  # why the session could not build the op (the terminal summary says it)
 
 
 def _locks() -> list[Path]:
