@@ -34,8 +34,11 @@ REESTIMATES = [
     ("plan-gpu-run2-3", ["bench/plan/run.py", "{out}", "--reestimate", "bench/plan/runs/gpu-run2.tar.gz",
                          "bench/plan/runs/gpu-run3.tar.gz", "--device", "2 x NVIDIA H200 (140 GiB)"]),
     ("edge-run1", ["bench/plan/edge_gpu.py", "{out}", "--reestimate", "bench/plan/runs/edge-run1.tar.gz"]),
+    # each with its own calibration; run 6 did not calibrate and is planned without a profile (BENCHMARKS.md)
     *[(f"speed-run{n}", ["bench/speed/run.py", "{out}", "--reestimate",
                          f"bench/speed/runs/2026-12-01-run{n}.tar.gz", "--set", "all"]) for n in range(1, 7)],
+    *[(f"loading-gpu-run{n}", ["bench/plan/loading_gpu.py", "--reestimate",
+                               f"bench/plan/runs/loading-gpu-run{n}.tar.gz"]) for n in (1, 2)],
 ]
 
 
@@ -115,9 +118,9 @@ def reestimates(out: Path) -> None:
             args = [a.replace("{out}", tmp) for a in argv]
             proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                                   timeout=1800)
-            res = Path(tmp) / "results.json"
-            rec = {"rc": proc.returncode, "results": json.loads(res.read_text()) if res.is_file() else None,
-                   "stdout_tail": proc.stdout[-2000:], "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
+            results = {p.name: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("results*.json"))}
+            rec = {"rc": proc.returncode, "results": results or None,
+                   "stdout": proc.stdout if not results else proc.stdout[-2000:], "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
         _write(out / "reestimate" / f"{name}.json", rec)
         print(f"re-estimated {name}: rc {proc.returncode}", file=sys.stderr)
 
@@ -179,6 +182,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("snapshot", help="write today's outputs to OUT")
     s.add_argument("out", type=Path)
     s.add_argument("--quick", action="store_true", help="static outputs only, no GPU re-estimates")
+    s.add_argument("--reestimates-only", action="store_true", help="only the GPU re-estimates")
     d = sub.add_parser("diff", help="compare two snapshots")
     d.add_argument("old", type=Path)
     d.add_argument("new", type=Path)
@@ -187,10 +191,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "diff":
         return diff(args.old, args.new, args.tol, args.most)
-    if args.out.exists() and any(args.out.iterdir()):
+    if args.out.exists() and any(args.out.iterdir()) and not args.reestimates_only:
         ap.error(f"{args.out} is not empty")
-    n = static_snapshot(args.out)
-    print(f"{n} static output file(s) in {args.out / 'static'}", file=sys.stderr)
+    if not args.reestimates_only:
+        n = static_snapshot(args.out)
+        print(f"{n} static output file(s) in {args.out / 'static'}", file=sys.stderr)
     if not args.quick:
         reestimates(args.out)
     return 0

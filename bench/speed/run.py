@@ -91,9 +91,10 @@ def reestimate(raw_files, profile_path, which: str, out: Path):
     if not profile_path and len(raw_files) == 1 and str(raw_files[0]).endswith(".tar.gz"):
         import tarfile  # the run's own calibration, measured on the machine that ran the cases
 
-        with tarfile.open(raw_files[0]) as tar:
-            (out / "profile.json").write_bytes(tar.extractfile("profile.json").read())
-        profile_path = out / "profile.json"
+        with tarfile.open(raw_files[0]) as tar:  # run 6 did not calibrate: planned without a profile (no clocks)
+            if "profile.json" in tar.getnames():
+                (out / "profile.json").write_bytes(tar.extractfile("profile.json").read())
+                profile_path = out / "profile.json"
     prof = load_profile(profile_path) if profile_path else None
     models_dir = write_models(out, MODELS)
     recs = {}
