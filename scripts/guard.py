@@ -102,8 +102,8 @@ def static_snapshot(out: Path) -> int:
         for wl in WORKLOADS:
             for hw in HARDWARE:
                 key = f"b{wl['batch']}-p{wl['prompt_len']}-g{hw['gpus']}x{hw['gpu_memory']}"
-                rec[key] = _run(lambda wl=wl, hw=hw: api.plan(str(model), detect=False, **wl, **hw))
-        rec["with-config"] = _run(lambda: api.plan(str(model), detect=False, gpus=2, gpu_memory="40GiB",
+                rec[key] = _run(lambda wl=wl, hw=hw, m=model: api.plan(str(m), detect=False, **wl, **hw))
+        rec["with-config"] = _run(lambda m=model: api.plan(str(m), detect=False, gpus=2, gpu_memory="40GiB",
                                                    config=str(EXAMPLES / "train_zero3_offload.json")))
         _write(out / "static" / f"plan-{model.name}.json", rec)
         n += 1
@@ -120,7 +120,8 @@ def reestimates(out: Path) -> None:
                                   timeout=1800)
             results = {p.name: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("results*.json"))}
             rec = {"rc": proc.returncode, "results": results or None,
-                   "stdout": proc.stdout if not results else proc.stdout[-2000:], "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
+                   "stdout": proc.stdout if not results else proc.stdout[-2000:],
+                   "stderr_tail": proc.stderr[-2000:] if proc.returncode else ""}
         _write(out / "reestimate" / f"{name}.json", rec)
         print(f"re-estimated {name}: rc {proc.returncode}", file=sys.stderr)
 
