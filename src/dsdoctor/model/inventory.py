@@ -23,6 +23,20 @@ class Param:
     shape: tuple[int, ...]
     kind: str  # embedding | linear | lm_head | norm | other
     layer: int | None  # decoder layer index, None outside the layers
+    expert: bool = False  # a routed expert's weight: one expert's module (transformers 4.x) or a fused 3-D tensor
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """A mixture-of-experts model's routed layers: what every command needs to know beyond the tensors."""
+    num_experts: int  # routed experts per MoE layer
+    top_k: int  # routed experts each token uses
+    moe_layers: tuple[int, ...]  # decoder layers whose MLP is routed (the others are dense)
+    expert_intermediate: int  # one routed expert's intermediate size
+    shared_experts: int = 0  # always-active experts beside the routed ones
+    shared_intermediate: int = 0  # their intermediate size (all of them together)
+    fused: bool = True  # all experts of a layer in 3-D tensors (transformers 5); False: one module per expert
+    block_class: str = ""  # the sparse MoE block's class (what deepspeed.utils.set_z3_leaf_modules takes)
 
 
 @dataclass
@@ -33,10 +47,19 @@ class Inventory:
     counted_by: str = "formula"
     cache_layout: list | None = None  # per layer: (elements per position, window or None), from transformers
     window_layout: list | None = None  # per layer: (0, window or None) from the config object
+    moe: MoeLayout | None = None  # None: a dense model
 
     @property
     def num_params(self) -> int:
         return sum(p.numel for p in self.params)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: each routed expert weight counts top_k / num_experts of its size."""
+        if self.moe is None:
+            return self.num_params
+        routed = sum(p.numel for p in self.params if p.expert)
+        return self.num_params - routed + routed * self.moe.top_k // self.moe.num_experts
 
     def numel(self, kind: str | None = None) -> int:
         return sum(p.numel for p in self.params if kind is None or p.kind == kind)
