@@ -151,12 +151,6 @@ def stack_config(layers: int, hidden: int = 2048, inter: int = 8192, vocab: int 
                        vocab_size=vocab, max_position_embeddings=4096, tie_word_embeddings=False)
 
 
-def _layer_weight_bytes(cfg) -> int:
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    kv = cfg.num_key_value_heads * cfg.head_dim
-    return 2 * (h * (2 * h + 2 * kv) + 3 * h * i + 2 * h)
-
-
 def _decode_step_seconds(model, batch: int, device, new: int = 24, prompt: int = 16, reps: int = 3,
                          warm: bool = True) -> float:
     """Per generated token, prefill excluded: (t(1 + new) - t(1)) / new."""
@@ -205,7 +199,7 @@ def eager_overheads(device_type: str = "cuda", batches=(1, 16, 64), layer_counts
     for n in (lo, hi):
         with torch.device(device):
             models[n] = LlamaForCausalLM(stack_config(n, hidden, inter)).to(torch.bfloat16).eval()
-    weight_s = _layer_weight_bytes(models[lo].config) / hbm_read if hbm_read else 0.0
+    weight_s = 2 * count_parameters(models[lo].model.layers[0]) / hbm_read if hbm_read else 0.0  # bf16
     settle = _settle(lambda: _decode_step_seconds(models[hi], 1, device, new=16, reps=1))
     samples = {b: ([], []) for b in batches}
     start = time.perf_counter()

@@ -21,6 +21,7 @@ from dsdoctor.dtypes import DTYPE_BYTES
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
+from dsdoctor.model.formulas import from_formula
 from dsdoctor.model.spec import ModelSpec, load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
@@ -187,7 +188,9 @@ class CheckResult:
             lines.append(f"{t('ds config')}: {self.ref_path}")
         if self.model:
             m = self.model
-            lines.append(f"{t('model')}: {m['path']} ({human_count(m['num_params'])} params, "
+            active = m.get("active_params") or m["num_params"]
+            moe = "" if active == m["num_params"] else t("active").format(active=human_count(active))
+            lines.append(f"{t('model')}: {m['path']} ({human_count(m['num_params'])} params{moe}, "
                          f"{m['dtype'] or '?'})")
         return lines
 
@@ -330,7 +333,7 @@ def _model_summary(spec: ModelSpec | None) -> dict | None:
     if spec is None:
         return None
     return {"path": spec.path, "model_type": spec.model_type, "num_params": spec.num_params, "dtype": spec.dtype,
-            "hidden_size": spec.hidden_size, "counted_by": spec.counted_by}
+            "hidden_size": spec.hidden_size, "counted_by": spec.counted_by, "active_params": spec.active_params}
 
 
 def _elem_bytes(eff: Effective, spec: ModelSpec | None) -> int:
@@ -339,20 +342,6 @@ def _elem_bytes(eff: Effective, spec: ModelSpec | None) -> int:
     if spec and spec.dtype in DTYPE_BYTES:
         return DTYPE_BYTES[spec.dtype]
     return 2
-
-
-def param_numels(spec: ModelSpec) -> list[int]:
-    """Every parameter tensor's element count for a Llama-shaped decoder (for the persistence threshold)."""
-    h, hd, inter = spec.hidden_size, spec.head_dim, spec.intermediate_size
-    layer = [h * spec.num_heads * hd, h * spec.num_kv_heads * hd, h * spec.num_kv_heads * hd, spec.num_heads * hd * h]
-    layer += [h * inter] * 3 * max(spec.num_experts, 1)
-    if spec.num_experts:
-        layer.append(h * spec.num_experts)
-    layer += [h, h]
-    out = [spec.vocab_size * h] + layer * spec.num_layers + [h]
-    if not spec.tie_word_embeddings:
-        out.append(spec.vocab_size * h)
-    return out
 
 
 @dataclass
@@ -503,7 +492,8 @@ def stage3_knobs_raise_peak(c: Context):  # DSD109
         if v.value is None or v.value <= v.default:
             continue
         if canonical == "param_persistence_threshold":
-            nbytes = human_bytes(sum(n for n in param_numels(spec) if n < v.value) * eb) if spec else "? (--model)"
+            small = sum(p.numel for p in from_formula(spec).params if p.numel < v.value) if spec else 0
+            nbytes = human_bytes(small * eb) if spec else "? (--model)"
         else:
             nbytes = human_bytes((v.value if not spec else min(v.value, spec.num_params)) * eb)
         yield Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),

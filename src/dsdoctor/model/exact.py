@@ -9,9 +9,14 @@ the caller keeps the formula.
 from __future__ import annotations
 
 import inspect
+import math
+import re
 import warnings
 
 from dsdoctor.model.inventory import Inventory, Param, kind_of, layer_of
+from dsdoctor.model.moe import layout
+
+_PER_EXPERT = re.compile(r"(?:^|\.)experts\.\d+\.")
 
 
 def build_meta_model(raw_config: dict):
@@ -41,11 +46,18 @@ def count_parameters(model) -> int:
     return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
+def _is_expert(mod_name: str, module) -> bool:
+    """A routed expert's weight: a fused experts module (transformers 5, gpt-oss) or one expert of a list (4.x)."""
+    return type(module).__name__.endswith("Experts") or _PER_EXPERT.search(mod_name + ".") is not None
+
+
 def inventory_of_module(model, counted_by: str = "meta") -> Inventory:
-    """Every parameter tensor once (tied weights at their first owner), in module registration order."""
+    """Every parameter tensor once (tied weights at their first owner), in module registration order; a ZeRO-3
+    partitioned parameter by its full shape (``ds_shape``), so a live engine's model counts as the meta one."""
     seen: dict[int, str] = {}
     params: list[Param] = []
     tied: list[tuple[str, str]] = []
+    blocks: dict[int, tuple[str, bool]] = {}  # decoder layer -> (sparse block class, fused experts)
     for mod_name, module in model.named_modules(remove_duplicate=False):
         for p_name, p in module.named_parameters(recurse=False):
             full = f"{mod_name}.{p_name}" if mod_name else p_name
@@ -54,13 +66,33 @@ def inventory_of_module(model, counted_by: str = "meta") -> Inventory:
                     tied.append((mod_name, seen[id(p)]))
                 continue
             seen[id(p)] = mod_name
-            params.append(Param(full, mod_name, p.numel(), tuple(p.shape),
-                                kind_of(mod_name, type(module).__name__, p.dim()), layer_of(full)))
+            shape = tuple(getattr(p, "ds_shape", p.shape))
+            expert = _is_expert(mod_name, module)
+            params.append(Param(full, mod_name, math.prod(shape), shape,
+                                kind_of(mod_name, type(module).__name__, len(shape)), layer_of(full), expert))
+            if expert and layer_of(full) is not None:
+                blocks.setdefault(layer_of(full), (_block_class(model, mod_name), len(shape) == 3))
     try:
         keep = "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         keep = True
-    return Inventory(params, tied=sorted(set(tied)), supports_logits_to_keep=keep, counted_by=counted_by)
+    inv = Inventory(params, tied=sorted(set(tied)), supports_logits_to_keep=keep, counted_by=counted_by)
+    if blocks:
+        cfg = getattr(model, "config", None)
+        cfg = getattr(cfg, "text_config", None) or cfg
+        raw = cfg.to_dict() if hasattr(cfg, "to_dict") else {}
+        block, fused = next(iter(blocks.values()))
+        inter = int(raw.get("moe_intermediate_size") or raw.get("intermediate_size") or 0)
+        inv.moe = layout(raw, str(raw.get("model_type", "")), sorted(blocks), inter, fused, block)
+    return inv
+
+
+def _block_class(model, experts_module: str) -> str:
+    """The class of the module that holds the experts (``...mlp`` of ``...mlp.experts[.N]``), as
+    ``<module under transformers.models>.<class>``: what ``set_z3_leaf_modules`` is given."""
+    parent = experts_module.split(".experts")[0]
+    cls = type(model.get_submodule(parent))
+    return f"{cls.__module__.removeprefix('transformers.models.')}.{cls.__name__}"
 
 
 def cache_layout(model, positions: int) -> list[tuple[int, int | None]] | None:

@@ -11,11 +11,12 @@ model is counted by ``dsdoctor.model.exact``.
 """
 from __future__ import annotations
 
-from dsdoctor.model.inventory import Inventory, Param, kind_of, layer_of
+from dsdoctor.model.inventory import Inventory, Param, apply_to_spec, kind_of, layer_of
+from dsdoctor.model.moe import is_moe_layer, layout, routed_experts, shared_intermediate
 
 # transformers' config defaults for tie_word_embeddings where they are True
 TIE_DEFAULT_TRUE = {"gemma", "gemma2", "gpt2", "bloom", "falcon", "mpt", "opt", "starcoder2", "gpt_bigcode"}
-LLAMA_EXACT = {"llama", "mistral", "mixtral", "qwen2"}  # the Llama-style builder (_llama) is exact
+LLAMA_EXACT = {"llama", "mistral", "qwen2"}  # the Llama-style builder (_llama) is exact
 
 
 def text_config(raw: dict) -> dict:
@@ -34,12 +35,13 @@ class _Builder:
         self.params: list[Param] = []
 
     def add(self, module: str, shape: tuple, cls: str = "Linear", bias: bool = False, bias_shape=None,
-            name: str = "weight"):
+            name: str = "weight", expert: bool = False):
         n = 1
         for s in shape:
             n *= s
         full = f"{module}.{name}"
-        self.params.append(Param(full, module, n, tuple(shape), kind_of(module, cls, len(shape)), layer_of(full)))
+        self.params.append(Param(full, module, n, tuple(shape), kind_of(module, cls, len(shape)), layer_of(full),
+                                 expert))
         if bias:
             b = bias_shape or (shape[0],)
             self.params.append(Param(f"{module}.bias", module, b[0], tuple(b), kind_of(module, cls, 1),
@@ -66,51 +68,115 @@ def _i(cfg: dict, *keys, default=None):
     return default
 
 
-def _llama_family(spec, raw: dict) -> Inventory:
-    """gemma, gemma2, qwen3, phi3, starcoder2, qwen2_moe: the Llama layout with each family's changes."""
-    c = text_config(raw)
-    t = spec.model_type
+def _attention(b: _Builder, p: str, spec, c: dict, t: str):
+    """q/k/v/o (or phi3's fused qkv) with each family's biases and q/k norms."""
     h, nh, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-    inter = spec.intermediate_size
-    b = _Builder()
-    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
-    bias = bool(c.get("attention_bias", False)) or t == "qwen2_moe"
+    if t == "phi3":
+        b.add(f"{p}.self_attn.o_proj", (h, nh * hd))
+        b.add(f"{p}.self_attn.qkv_proj", ((nh + 2 * kv) * hd, h))
+        return
+    if t == "gpt_oss":
+        b.add(f"{p}.self_attn", (nh,), "GptOssAttention", name="sinks")
+    bias = bool(c.get("attention_bias", t == "gpt_oss"))
     if t == "starcoder2":
         bias = bool(c.get("use_bias", True))
+    qkv_bias = bool(c.get("qkv_bias", True)) if t == "qwen2_moe" else bias
+    b.add(f"{p}.self_attn.q_proj", (nh * hd, h), bias=qkv_bias)
+    b.add(f"{p}.self_attn.k_proj", (kv * hd, h), bias=qkv_bias)
+    b.add(f"{p}.self_attn.v_proj", (kv * hd, h), bias=qkv_bias)
+    b.add(f"{p}.self_attn.o_proj", (h, nh * hd), bias=bias and t != "qwen2_moe")
+    if t in ("qwen3", "qwen3_moe"):
+        b.norm(f"{p}.self_attn.q_norm", hd, cls="RMSNorm")
+        b.norm(f"{p}.self_attn.k_norm", hd, cls="RMSNorm")
+    elif t == "olmoe":
+        b.norm(f"{p}.self_attn.q_norm", h, cls="RMSNorm")
+        b.norm(f"{p}.self_attn.k_norm", h // nh * kv, cls="RMSNorm")
+
+
+def _gated_mlp(b: _Builder, module: str, h: int, inter: int, bias: bool = False):
+    b.add(f"{module}.gate_proj", (inter, h), bias=bias)
+    b.add(f"{module}.up_proj", (inter, h), bias=bias)
+    b.add(f"{module}.down_proj", (h, inter), bias=bias)
+
+
+def _mlp_bias(c: dict, t: str) -> bool:
+    return t == "deepseek_v2" and bool(c.get("mlp_bias", False))
+
+
+def _routed(b: _Builder, p: str, h: int, c: dict, t: str) -> int:
+    """A routed layer's router, fused experts and shared experts, in transformers 5's registration order;
+    returns one expert's intermediate size."""
+    n = routed_experts(c, t)
+    inter = int(c.get("moe_intermediate_size") or c.get("intermediate_size") or 4 * h)
+    gate = (f"{p}.mlp.router" if t == "gpt_oss" else f"{p}.mlp.gate", (n, h), "TopKRouter", t == "gpt_oss")
+    experts = f"{p}.mlp.experts"
+    if t not in ("qwen3_moe", "deepseek_v2", "deepseek_v3"):  # these register the experts before the router
+        b.add(*gate)
+    if t == "gpt_oss":
+        b.add(experts, (n, h, 2 * inter), "Experts", name="gate_up_proj", expert=True)
+        b.add(experts, (n, 2 * inter), "Experts", name="gate_up_proj_bias", expert=True)
+        b.add(experts, (n, inter, h), "Experts", name="down_proj", expert=True)
+        b.add(experts, (n, h), "Experts", name="down_proj_bias", expert=True)
+    else:
+        b.add(experts, (n, 2 * inter, h), "Experts", name="gate_up_proj", expert=True)
+        b.add(experts, (n, h, inter), "Experts", name="down_proj", expert=True)
+    if t in ("qwen3_moe", "deepseek_v2", "deepseek_v3"):
+        b.add(*gate)
+    shared, shared_inter = shared_intermediate(c)
+    if t == "qwen2_moe":
+        _gated_mlp(b, f"{p}.mlp.shared_expert", h, shared_inter)
+        b.add(f"{p}.mlp.shared_expert_gate", (1, h))
+    elif shared:
+        _gated_mlp(b, f"{p}.mlp.shared_experts", h, shared_inter, _mlp_bias(c, t))
+    return inter
+
+
+def _mla(b: _Builder, p: str, spec, c: dict):
+    """DeepSeek's multi-head latent attention: low-rank q (or a plain q_proj) and a compressed kv."""
+    h, nh = spec.hidden_size, spec.num_heads
+    rope, nope = int(c.get("qk_rope_head_dim", 64)), int(c.get("qk_nope_head_dim", 128))
+    v_dim, kv_rank, q_rank = int(c.get("v_head_dim", 128)), int(c.get("kv_lora_rank", 512)), c.get("q_lora_rank")
+    bias = bool(c.get("attention_bias", False))
+    a = f"{p}.self_attn"
+    if q_rank is None:
+        b.add(f"{a}.q_proj", (nh * (nope + rope), h))
+    else:
+        b.add(f"{a}.q_a_proj", (int(q_rank), h), bias=bias)
+        b.norm(f"{a}.q_a_layernorm", int(q_rank), cls="RMSNorm")
+        b.add(f"{a}.q_b_proj", (nh * (nope + rope), int(q_rank)))
+    b.add(f"{a}.kv_a_proj_with_mqa", (kv_rank + rope, h), bias=bias)
+    b.norm(f"{a}.kv_a_layernorm", kv_rank, cls="RMSNorm")
+    b.add(f"{a}.kv_b_proj", (nh * (nope + v_dim), kv_rank))
+    b.add(f"{a}.o_proj", (h, nh * v_dim), bias=bias)
+
+
+def _llama_family(spec, raw: dict) -> Inventory:
+    """gemma, gemma2, qwen3, phi3, starcoder2 and the MoE decoders (mixtral, qwen2_moe, qwen3_moe, olmoe,
+    deepseek_v2/v3, gpt_oss): the Llama layout with each family's changes."""
+    c = text_config(raw)
+    t = spec.model_type
+    h, inter = spec.hidden_size, spec.intermediate_size
+    b = _Builder()
+    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
+    moe_layers, expert_inter = [], 0
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        if t == "phi3":
-            b.add(f"{p}.self_attn.o_proj", (h, nh * hd))
-            b.add(f"{p}.self_attn.qkv_proj", ((nh + 2 * kv) * hd, h))
+        if t.startswith("deepseek"):
+            _mla(b, p, spec, c)
         else:
-            b.add(f"{p}.self_attn.q_proj", (nh * hd, h), bias=bias)
-            b.add(f"{p}.self_attn.k_proj", (kv * hd, h), bias=bias)
-            b.add(f"{p}.self_attn.v_proj", (kv * hd, h), bias=bias)
-            b.add(f"{p}.self_attn.o_proj", (h, nh * hd), bias=bias and t != "qwen2_moe")
-        if t == "qwen3":
-            b.norm(f"{p}.self_attn.q_norm", hd, cls="Qwen3RMSNorm")
-            b.norm(f"{p}.self_attn.k_norm", hd, cls="Qwen3RMSNorm")
-        if t == "phi3":
+            _attention(b, p, spec, c, t)
+        if is_moe_layer(c, t, i):
+            expert_inter = _routed(b, p, h, c, t)
+            moe_layers.append(i)
+        elif t == "phi3":
             b.add(f"{p}.mlp.gate_up_proj", (2 * inter, h))
             b.add(f"{p}.mlp.down_proj", (h, inter))
         elif t == "starcoder2":
+            bias = bool(c.get("use_bias", True))
             b.add(f"{p}.mlp.c_fc", (inter, h), bias=bias)
             b.add(f"{p}.mlp.c_proj", (h, inter), bias=bias)
-        elif t == "qwen2_moe" and _moe_layer(c, i):
-            experts = int(c.get("num_experts", 60))
-            moe = int(c.get("moe_intermediate_size", 1408))
-            shared = int(c.get("shared_expert_intermediate_size", 5632))
-            b.add(f"{p}.mlp.gate", (experts, h))
-            b.add(f"{p}.mlp.experts", (experts, 2 * moe, h), "Experts", name="gate_up_proj")
-            b.add(f"{p}.mlp.experts", (experts, h, moe), "Experts", name="down_proj")
-            b.add(f"{p}.mlp.shared_expert.gate_proj", (shared, h))
-            b.add(f"{p}.mlp.shared_expert.up_proj", (shared, h))
-            b.add(f"{p}.mlp.shared_expert.down_proj", (h, shared))
-            b.add(f"{p}.mlp.shared_expert_gate", (1, h))
         else:
-            b.add(f"{p}.mlp.gate_proj", (inter, h))
-            b.add(f"{p}.mlp.up_proj", (inter, h))
-            b.add(f"{p}.mlp.down_proj", (h, inter))
+            _gated_mlp(b, f"{p}.mlp", h, inter, _mlp_bias(c, t))
         norm_bias = t == "starcoder2"
         b.norm(f"{p}.input_layernorm", h, norm_bias, "RMSNorm")
         b.norm(f"{p}.post_attention_layernorm", h, norm_bias, "RMSNorm")
@@ -118,12 +184,9 @@ def _llama_family(spec, raw: dict) -> Inventory:
             b.norm(f"{p}.pre_feedforward_layernorm", h, cls="RMSNorm")
             b.norm(f"{p}.post_feedforward_layernorm", h, cls="RMSNorm")
     b.norm("model.norm", h, t == "starcoder2", "RMSNorm")
-    return b.inventory(raw, "model.embed_tokens")
-
-
-def _moe_layer(c: dict, i: int) -> bool:
-    step = int(c.get("decoder_sparse_step", 1) or 1)
-    return i not in (c.get("mlp_only_layers") or []) and int(c.get("num_experts", 60)) > 0 and (i + 1) % step == 0
+    inv = b.inventory(raw, "model.embed_tokens")
+    inv.moe = layout(c, t, moe_layers, expert_inter)
+    return inv
 
 
 def _gpt2(spec, raw: dict) -> Inventory:
@@ -305,7 +368,8 @@ def _phi(spec, raw: dict) -> Inventory:
 
 BUILDERS = {
     "gemma": _llama_family, "gemma2": _llama_family, "qwen3": _llama_family, "phi3": _llama_family,
-    "starcoder2": _llama_family, "qwen2_moe": _llama_family,
+    "starcoder2": _llama_family, "mixtral": _llama_family, "qwen2_moe": _llama_family, "qwen3_moe": _llama_family,
+    "olmoe": _llama_family, "deepseek_v2": _llama_family, "deepseek_v3": _llama_family, "gpt_oss": _llama_family,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "opt": _opt, "gptj": _gptj,
     "mpt": _mpt, "phi": _phi,
 }
@@ -313,46 +377,43 @@ EXACT_TYPES = LLAMA_EXACT | set(BUILDERS)
 
 
 def _llama(spec) -> Inventory:
-    """A Llama-style decoder (gated MLP, RMSNorm, optional q/k/v bias, optional experts): exact for the Llama
-    family, marked ``formula-approx`` for an architecture without a builder."""
+    """A Llama-style decoder (gated MLP, RMSNorm, optional q/k/v bias, optional routed experts as fused 3-D
+    tensors): exact for the Llama family, marked ``formula-approx`` for an architecture without a builder. It
+    lists a constant number of tensors per layer whatever the expert count (an untrusted config.json with
+    thousands of experts costs nothing)."""
     h, hd, nh, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
     inter = spec.intermediate_size
     raw = text_config(spec.raw)
-    qkv_bias = bool(raw.get("attention_bias")) or spec.model_type in ("qwen2", "qwen2_moe")
-    params: list[Param] = []
-
-    def add(module, suffix, shape, kind, layer):
-        n = 1
-        for s in shape:
-            n *= s
-        params.append(Param(f"{module}.{suffix}", module, n, tuple(shape), kind, layer))
-
-    add("model.embed_tokens", "weight", (spec.vocab_size, h), "embedding", None)
+    qkv_bias = bool(raw.get("attention_bias")) or spec.model_type == "qwen2"
+    experts = spec.num_experts
+    moe_inter = int(raw.get("moe_intermediate_size") or inter) if experts else 0
+    shared, shared_inter = shared_intermediate(raw) if experts else (0, 0)
+    b = _Builder()
+    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        add(f"{p}.input_layernorm", "weight", (h,), "norm", i)
+        b.norm(f"{p}.input_layernorm", h, cls="RMSNorm")
         for name, out in (("q_proj", nh * hd), ("k_proj", kv * hd), ("v_proj", kv * hd)):
-            add(f"{p}.self_attn.{name}", "weight", (out, h), "linear", i)
-            if qkv_bias:
-                add(f"{p}.self_attn.{name}", "bias", (out,), "linear", i)
-        add(f"{p}.self_attn.o_proj", "weight", (h, nh * hd), "linear", i)
-        add(f"{p}.post_attention_layernorm", "weight", (h,), "norm", i)
-        if spec.num_experts:
-            add(f"{p}.mlp.gate", "weight", (spec.num_experts, h), "linear", i)
-            for e in range(spec.num_experts):
-                for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-                    add(f"{p}.mlp.experts.{e}.{name}", "weight", shape, "linear", i)
+            b.add(f"{p}.self_attn.{name}", (out, h), bias=qkv_bias)
+        b.add(f"{p}.self_attn.o_proj", (h, nh * hd))
+        b.norm(f"{p}.post_attention_layernorm", h, cls="RMSNorm")
+        if experts:
+            b.add(f"{p}.mlp.gate", (experts, h))
+            b.add(f"{p}.mlp.experts", (experts, 2 * moe_inter, h), "Experts", name="gate_up_proj", expert=True)
+            b.add(f"{p}.mlp.experts", (experts, h, moe_inter), "Experts", name="down_proj", expert=True)
+            if shared:
+                _gated_mlp(b, f"{p}.mlp.shared_experts", h, shared_inter)
         else:
-            for name, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-                add(f"{p}.mlp.{name}", "weight", shape, "linear", i)
-    add("model.norm", "weight", (h,), "norm", None)
-    tied = []
-    if spec.tie_word_embeddings or (spec.model_type not in EXACT_TYPES and "tie_word_embeddings" not in spec.raw
-                                    and spec.model_type in TIE_DEFAULT_TRUE):
-        tied.append(("lm_head", "model.embed_tokens"))
+            _gated_mlp(b, f"{p}.mlp", h, inter)
+    b.norm("model.norm", h, cls="RMSNorm")
+    if spec.tie_word_embeddings:
+        inv = Inventory(b.params, tied=[("lm_head", "model.embed_tokens")])
     else:
-        add("lm_head", "weight", (spec.vocab_size, h), "lm_head", None)
-    return Inventory(params, tied=tied, counted_by="formula" if spec.model_type in EXACT_TYPES else "formula-approx")
+        b.add("lm_head", (spec.vocab_size, h))
+        inv = Inventory(b.params)
+    inv.counted_by = "formula" if spec.model_type in EXACT_TYPES else "formula-approx"
+    inv.moe = layout(raw, spec.model_type, range(spec.num_layers) if experts else (), moe_inter)
+    return inv
 
 
 def from_formula(spec) -> Inventory:
@@ -363,27 +424,6 @@ def from_formula(spec) -> Inventory:
 
 
 def estimate_params(spec):
-    """Fill the spec's counts (``load_model_spec`` does, for every model): the inventory's for an architecture
-    with an exact formula; else a closed form for a gated-MLP decoder (close for most decoder-only LLMs, and
-    constant time on an untrusted config: it lists no tensors)."""
-    if spec.model_type in EXACT_TYPES:
-        inv = from_formula(spec)
-        spec.num_params = inv.num_params
-        spec.embedding_params = inv.numel("embedding")
-        spec.per_layer_params = inv.layer_params(0)
-        spec.largest_param_numel = inv.largest
-        spec.counted_by = "formula"
-        return spec
-    h, hd = spec.hidden_size, spec.head_dim
-    attn = h * spec.num_heads * hd * 2 + h * spec.num_kv_heads * hd * 2
-    mlp_one = 3 * h * spec.intermediate_size
-    experts = max(spec.num_experts, 1)
-    mlp = mlp_one * experts + (h * spec.num_experts if spec.num_experts else 0)  # + router
-    norms = 2 * h
-    spec.per_layer_params = attn + mlp + norms
-    spec.embedding_params = spec.vocab_size * h
-    lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
-    spec.num_params = spec.embedding_params + spec.num_layers * spec.per_layer_params + h + lm_head
-    spec.largest_param_numel = max(spec.embedding_params, spec.intermediate_size * h, spec.num_heads * hd * h)
-    spec.counted_by = "formula"
-    return spec
+    """Fill the spec's counts (``load_model_spec`` does, for every model) from the one inventory; its cost is
+    linear in the layers only (bounded by ``spec.LIMITS``)."""
+    return apply_to_spec(spec, from_formula(spec))

@@ -105,4 +105,6 @@ def apply_to_spec(spec, inv: Inventory):
     spec.per_layer_params = inv.layer_params(0)
     spec.largest_param_numel = inv.largest
     spec.counted_by = inv.counted_by
+    spec.active_params = inv.active_params
+    spec.moe = inv.moe
     return spec

@@ -1,8 +1,8 @@
 """A model's shape from a local Hugging Face ``config.json`` (a directory or the file), without torch.
 
-Parameter counts come from ``dsdoctor.model.formulas`` (config.json alone); ``plan`` replaces them with exact
-counts from the model built on the meta device (``dsdoctor.model.exact``) when torch and transformers are
-installed.
+Parameter counts (total and active) come from ``dsdoctor.model.formulas`` (config.json alone); ``plan`` replaces
+them with exact counts from the model built on the meta device (``dsdoctor.model.exact``) when torch and
+transformers are installed.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from dsdoctor import door
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.model.formulas import estimate_params, falcon_kv_heads, tied
+from dsdoctor.model.inventory import MoeLayout
+from dsdoctor.model.moe import routed_experts
 
 
 @dataclass
@@ -40,6 +42,8 @@ class ModelSpec:
     per_layer_params: int = 0
     largest_param_numel: int = 0
     counted_by: str = "formula"
+    active_params: int = 0  # what one token uses (num_params for a dense model)
+    moe: MoeLayout | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -116,7 +120,7 @@ def spec_from_config(cfg: dict, path: str | os.PathLike) -> ModelSpec:
     heads = _int(text, p, "num_attention_heads", "n_head", "num_heads", "n_heads", limit=LIMITS["num_heads"])
     if hidden // heads < 1 and text.get("head_dim") is None:
         raise InputError(f"hidden_size {hidden} is smaller than num_attention_heads {heads}", path=p)
-    experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 0
+    experts = routed_experts(text)
     spec = ModelSpec(
         path=str(p),
         model_type=str(cfg.get("model_type", "unknown")),

@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 
+from dsdoctor.model.exact import count_parameters
 from dsdoctor.trace.observer import recorder
 
 # id(module) -> weak reference to the engine that wraps it; generate is called on engine.module
@@ -195,11 +196,11 @@ def generate_info(model) -> dict:
     info = {}
     try:
         gathered, full, persistent = zero3_param_bytes(model)
+        first = next(iter(model.parameters()), None)
         if full:
             info.update(gather_bytes_per_forward=gathered, param_bytes=full, persistent_param_bytes=persistent)
-        else:
-            info["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-        first = next(iter(model.parameters()), None)
+        elif first is not None:
+            info["param_bytes"] = count_parameters(model) * first.element_size()
         if first is not None:
             info["param_element_size"] = first.element_size()
         info["model_shape"] = model_shape(model)
