@@ -41,14 +41,12 @@ def _run(call) -> dict:
         return {"error": type(exc).__name__, "message": str(exc)[:400]}
 
 
-def _arrangement(r: dict) -> dict:
-    """``evaluate_arrangement``'s answer in plain values (the bench reads these keys)."""
-    keys = ("group", "need", "world", "fits", "limits", "host", "times", "total_s", "samples_per_s",
-            "rollout_tokens_per_s", "notes")
-    out = {k: r[k] for k in keys}
-    out["phases"] = {p.name: dict(p.parts) for p in r["phases"]}
-    out["peak"] = r["peak"].name
-    return out
+def _arrangement(r) -> dict:
+    """``evaluate_arrangement``'s answer in plain values (the bench reads these)."""
+    return {"group": r.group, "need": r.gpu_need_bytes, "world": r.world, "fits": r.fits, "limits": r.limits,
+            "host": r.host_peak_bytes, "times": r.seconds, "total_s": r.iteration_s, "samples_per_s": r.samples_per_s,
+            "rollout_tokens_per_s": r.rollout_tokens_per_s, "notes": r.notes,
+            "phases": {p.name: dict(p.parts) for p in r.phases}, "peak": r.peak.name}
 
 
 def _two_models(gpus: int, engine: dict | str) -> dict:
