@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from dsdoctor.errors import InputError
 from dsdoctor.plan.loop_memory import Hold
 
 UTILIZATIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -256,10 +257,11 @@ def _space(job) -> tuple:
     return SPACES[fw]
 
 
-def _candidate(job, space: tuple, holds: dict, engine: Choice, gpus: int, code_change: bool) -> Candidate:
+def _candidate(job, space: tuple, holds: dict, engine: Choice, gpus: int, code_change: bool) -> Candidate | None:
+    """The arrangement, or None when a vLLM server on GPUs of its own leaves none for training."""
     _arrangements, settings, _code, apart, _raw = space
     train = gpus - (engine.gpus if apart and engine.kind == "vllm" and not engine.colocate else 0)
-    return Candidate(holds, engine, settings(job, holds, engine), train, code_change=code_change)
+    return Candidate(holds, engine, settings(job, holds, engine), train, code_change=code_change) if train > 0 else None
 
 
 def candidates(job, gpus: int):
@@ -267,7 +269,9 @@ def candidates(job, gpus: int):
     framework has one)."""
     space = _space(job)
     for holds, engine in space[0](job, gpus):
-        yield _candidate(job, space, holds, engine, gpus, engine.kind in space[2])
+        cand = _candidate(job, space, holds, engine, gpus, engine.kind in space[2])
+        if cand is not None:
+            yield cand
 
 
 def given(job, gpus: int) -> Candidate | None:
@@ -278,7 +282,11 @@ def given(job, gpus: int) -> Candidate | None:
     holds = {m.role: Hold(m.stage, m.offload_param, m.offload_optimizer) for m in job.models}
     if not space[4]:  # the framework's settings say what DeepSpeed does with them
         holds = {m.role: holds[m.role].effective(m.trainable) for m in job.models}
-    return _candidate(job, space, holds, choice_of(job.engine), gpus, False)
+    cand = _candidate(job, space, holds, choice_of(job.engine), gpus, False)
+    if cand is None:
+        raise InputError(f"the vLLM engine's {job.engine.gpus} GPU(s) of its own leave none of the {gpus} for training",
+                         path=job.source, hint="give --gpus the training GPUs and the engine's together")
+    return cand
 
 
 def changes(chosen: Candidate, base: Candidate | None) -> list[tuple]:

@@ -46,11 +46,12 @@ from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.loading import PROCESS_BASE, ZERO3_RUNTIME, Checkpoint
 from dsdoctor.plan.loop_arrange import Candidate, candidates, changes, given
 from dsdoctor.plan.loop_memory import Hold, ModelCosts, phases_of
-from dsdoctor.plan.loop_result import CPU_ADAM_ELEMENTS_PER_S, Arrangement, build_result
+from dsdoctor.plan.loop_result import CPU_ADAM_ELEMENTS_PER_S, Arrangement, JobPlanResult, build_result
 from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS
 from dsdoctor.plan.paths import PlanContext, by_name
 from dsdoctor.plan.paths.loop import allocator_slack, gather_once_speed
 from dsdoctor.plan.paths.serving import engine_memory, engine_speed
+from dsdoctor.plan.request import JobRequest, MachineRequest
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for, hooked_modules
 from dsdoctor.plan.workload import make_workload
@@ -318,89 +319,78 @@ class JobModel:
                            tokens / times["rollout"] if times["rollout"] else 0.0, notes)
 
 
-def _merge(job: rl.RlJob, models: list, batch, prompt_len, new_tokens, train_batch, dtype, engine) -> rl.RlJob:
+def _merge(job: rl.RlJob, req: JobRequest) -> rl.RlJob:
     """Flags win over what the job file or launch line says."""
     job = dataclasses.replace(job, models=list(job.models))
-    for m in models or []:
+    models = [_actor_model(req.actor, req.config)] if req.actor is not None else []
+    models += [rl.parse_model_spec(role, spec) for role, spec in (("reference", req.ref), ("critic", req.critic),
+                                                                   ("reward", req.reward)) if spec is not None]
+    for m in models:
         job.models = [x for x in job.models if x.role != m.role] + [m]
     order = {r: i for i, r in enumerate(rl.ROLES)}
     job.models.sort(key=lambda m: order.get(m.role, 99))
-    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("new_tokens", new_tokens),
-                        ("train_batch", train_batch), ("dtype", dtype)):
-        if value is not None:
-            setattr(job, name, value)
-    if engine is not None:
-        job.engine = engine
+    for name in ("batch", "prompt_len", "new_tokens", "train_batch", "dtype"):
+        if getattr(req, name) is not None:
+            setattr(job, name, getattr(req, name))
+    if req.engine is not None:
+        if req.engine not in rl.ENGINES:
+            raise InputError(f"--rollout {req.engine!r} is not one of {', '.join(rl.ENGINES)}")
+        job.engine = rl.Engine(req.engine)
     return job
 
 
-def plan_job(job=None, *, actor=None, ref=None, critic=None, reward=None, config=None, batch: int | None = None,
-             prompt_len: int | None = None, new_tokens: int | None = None, train_batch: int | None = None,
-             dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
-             h2d_bandwidth=None, gpu_name: str | None = None, counts: str = "auto", detect: bool = True,
-             machine=None, engine: str | None = None):
-    """Plan an RL job. ``job``: a job file or launch line (path), a dict in the job file's form, or an
-    ``RlJob``; the models may also be given (or overridden) one by one: ``actor`` a model directory,
-    config.json or size, ``ref``/``critic``/``reward`` ``MODEL[:opts]`` strings (``config/rl.py``
-    ``parse_model_spec``); ``config``: the actor's DeepSpeed config (its stage and offloads). Returns a
-    ``JobPlanResult`` (``loop_result.py``)."""
+def _read(job) -> rl.RlJob:
+    """The job as given: an ``RlJob``, a dict of the job file's form, a job file or launch line, or none."""
     if isinstance(job, rl.RlJob):
-        base = job
-    elif isinstance(job, dict):
-        base = rl.job_from_dict(job)
-    elif job is not None:
-        base = rl.read_job(job)
-    else:
-        base = rl.RlJob([])
-    models = []
-    if actor is not None:
-        models.append(_actor_model(actor, config))
-    for role, spec in (("reference", ref), ("critic", critic), ("reward", reward)):
-        if spec is not None:
-            models.append(rl.parse_model_spec(role, spec))
-    eng = rl.Engine(engine) if engine is not None else None
-    if engine is not None and engine not in rl.ENGINES:
-        raise InputError(f"--rollout {engine!r} is not one of {', '.join(rl.ENGINES)}")
-    job = _merge(base, models, batch, prompt_len, new_tokens, train_batch, dtype, eng)
-    model, slack, profile = _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect,
-                                   machine)
-    hw = model.hw
-    rows = [model.evaluate(c, slack) for c in candidates(job, hw.gpus)]
-    base_cand = given(job, hw.gpus)
-    base_row = model.evaluate(base_cand, slack) if base_cand is not None else None
-    return build_result(job, model.resolved, hw, model.wl, model.train_batch, rows, base_row,
-                        choose(rows, base_row), model.figures, profile)
+        return job
+    if isinstance(job, dict):
+        return rl.job_from_dict(job)
+    return rl.read_job(job) if job is not None else rl.RlJob([])
 
 
-def _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect, machine):
+def plan_job(job=None, **values) -> JobPlanResult:
+    """Plan an RL job: ``job`` and every value a field of ``JobRequest`` (``plan/request.py`` says what each
+    is), as plain values. Returns a ``JobPlanResult`` (``loop_result.py``)."""
+    return plan_job_request(JobRequest(job=job, **values))
+
+
+def plan_job_request(req: JobRequest) -> JobPlanResult:
+    """The plan a ``JobRequest`` asks for: every arrangement the job's framework allows, the fastest that fits."""
+    job = _merge(_read(req.job), req)
+    model, slack, profile = _setup(job, req)
+    rows = [model.evaluate(c, slack) for c in candidates(job, model.hw.gpus)]
+    base_cand = given(job, model.hw.gpus)
+    base = model.evaluate(base_cand, slack) if base_cand is not None else None
+    return build_result(job, model.resolved, model.hw, model.wl, model.train_batch, rows, base, choose(rows, base),
+                        model.figures, profile)
+
+
+def _setup(job: rl.RlJob, req: MachineRequest):
     """The resolved models, workload and machine of a job: (JobModel, allocator slack, machine profile)."""
     if job.model("actor") is None:
         raise InputError("an RL job needs an actor", hint="give --model DIR (the actor) or a job file with models.actor")
     cache: dict = {}
-    resolved = {m.role: resolve(m, counts, cache) for m in job.models}
-    spec = resolved["actor"].spec
-    wl = make_workload(job.batch or 1, job.prompt_len or 512, job.new_tokens or 128, job.dtype, spec.dtype)
-    hw = make_hardware(gpus if gpus is not None else job.gpus, gpu_memory, host_memory, h2d_bandwidth,
-                       gpu_name=gpu_name, detect=detect)
-    profile = resolve_profile(machine, detect)
-    figures = figures_for(hw, profile)
+    resolved = {m.role: resolve(m, req.counts, cache) for m in job.models}
+    wl = make_workload(job.batch or 1, job.prompt_len or 512, job.new_tokens or 128, job.dtype,
+                       resolved["actor"].spec.dtype)
+    hw = make_hardware(req.gpus if req.gpus is not None else job.gpus, req.gpu_memory, req.host_memory,
+                       req.h2d_bandwidth, gpu_name=req.gpu_name, detect=req.detect)
+    profile = resolve_profile(req.machine, req.detect)
     tb = job.train_batch or wl.batch
     if tb < 1:
         raise InputError("the training micro-batch must be >= 1")
-    model = JobModel(job, resolved, hw, figures, wl, tb)
+    model = JobModel(job, resolved, hw, figures_for(hw, profile), wl, tb)
     micro = max(model.experience_batch, min(tb, wl.batch))
     ctx = model.context("actor", 1)
     slack = (allocator_slack(ctx, wl), allocator_slack(ctx, dataclasses.replace(wl, batch=micro)))
     return model, slack, profile
 
 
-def evaluate_arrangement(job: rl.RlJob, gpus: int | None = None, gpu_memory=None, host_memory=None,
-                         h2d_bandwidth=None, gpu_name: str | None = None, counts: str = "auto", detect: bool = True,
-                         machine=None) -> Arrangement:
-    """The job exactly as given (every model's stage, the engine): its phases, the peak phase, what decides fits,
-    seconds per phase. What the GPU bench compares its measurements with."""
-    model, slack, _profile = _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect,
-                                    machine)
+def evaluate_arrangement(job: rl.RlJob, **machine) -> Arrangement:
+    """The job exactly as given (every model's stage, the engine) on the machine ``machine`` (the fields of
+    ``MachineRequest``): its phases, the peak phase, what decides fits, seconds per phase. What the GPU bench
+    compares its measurements with."""
+    model, slack, _profile = _setup(job, MachineRequest(**machine))
     cand = given(job, model.hw.gpus)
     if cand is None:
         raise InputError("every model of the job needs its ZeRO stage to evaluate it as given")
