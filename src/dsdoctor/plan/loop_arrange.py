@@ -1,6 +1,6 @@
 """The arrangements ``plan --loop`` compares for an RL job, in the words of the job's framework.
 
-An arrangement is how each model is held (``loop_memory.Hold``) and how the actor generates (``Choice``).
+An arrangement is how each model is held (``loop_memory.Hold``) and how the actor generates (``config.rl.Engine``).
 What may change depends on what the framework can set without new code, and what it ties together:
 
 * DeepSpeed-Chat: ``--actor_zero_stage``, ``--critic_zero_stage``; ``--offload`` (parameters and optimizer of the
@@ -20,54 +20,37 @@ Torch-free.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from dsdoctor.config.rl import Engine
 from dsdoctor.errors import InputError
 from dsdoctor.plan.loop_memory import Hold
 
 UTILIZATIONS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
-@dataclass(frozen=True)
-class Choice:
-    """The actor's rollout engine in one arrangement."""
-    kind: str  # generate, gather-once, hybrid-engine, vllm
-    colocate: bool = True
-    util: float | None = None
-    tp: int = 1
-    gpus: int = 0  # a separate vLLM engine's GPUs
-    sleep: bool = False
-    release_cache: bool = False
-    pin: bool = True
-
-    @property
-    def gpu_memory_utilization(self):  # the name loop_memory.engine_parts reads
-        return self.util
-
-    @property
-    def label(self) -> str:
-        if self.kind == "vllm":
-            where = f"colocated {self.util:g}" if self.colocate else f"{self.gpus} GPU(s) of its own"
-            return f"vllm ({where}, tp {self.tp}{', sleep' if self.sleep else ''})"
-        if self.kind == "hybrid-engine":
-            bits = [] if self.pin else ["unpinned"]
-            bits += ["release cache"] if self.release_cache else []
-            return "hybrid-engine" + (f" ({', '.join(bits)})" if bits else "")
-        return self.kind
+def engine_label(e: Engine) -> str:
+    if e.kind == "vllm":
+        where = f"colocated {e.gpu_memory_utilization:g}" if e.colocate else f"{e.gpus} GPU(s) of its own"
+        return f"vllm ({where}, tp {e.tp}{', sleep' if e.sleep else ''})"
+    if e.kind == "hybrid-engine":
+        bits = ([] if e.pin else ["unpinned"]) + (["release cache"] if e.release_cache else [])
+        return "hybrid-engine" + (f" ({', '.join(bits)})" if bits else "")
+    return e.kind
 
 
-def choice_of(engine) -> Choice:
-    if engine is None:
-        return Choice("generate")
-    return Choice(engine.kind, engine.colocate, engine.gpu_memory_utilization, engine.tp or 1, engine.gpus or 0,
-                  engine.sleep, engine.release_cache, engine.pin)
+def engine_of(job) -> Engine:
+    """The actor's rollout engine as the job gives it (HF generate when it says none)."""
+    e = job.engine or Engine()
+    return dataclasses.replace(e, tp=e.tp or 1, gpus=e.gpus or 0)
 
 
 @dataclass
 class Candidate:
     holds: dict  # role -> Hold
-    engine: Choice
+    engine: Engine
     settings: dict  # the framework's setting -> value (what a user changes)
     train_gpus: int
     code_change: bool = False  # needs a code edit (gather-once in DeepSpeed-Chat)
@@ -86,18 +69,18 @@ def _frozen_follow(stage: int) -> int:
     return 3 if stage == 3 else 0
 
 
-def _colocated(eng: Choice, sleeps) -> list:
+def _colocated(eng: Engine, sleeps) -> list:
     """A colocated vLLM engine at every memory fraction, with the sleep modes ``sleeps``."""
-    return [Choice("vllm", True, u, eng.tp, 0, s) for u in _utils(eng.util) for s in sleeps]
+    return [Engine("vllm", True, u, eng.tp, 0, s) for u in _utils(eng.gpu_memory_utilization) for s in sleeps]
 
 
 # ------------------------------------------------------------------ each framework: its space and its settings
 
 def deepspeed_chat(job, gpus: int):
     actor, critic = job.model("actor"), job.model("critic")
-    engines = [Choice("generate"), Choice("hybrid-engine", pin=True), Choice("hybrid-engine", pin=False),
-               Choice("hybrid-engine", pin=True, release_cache=True), Choice("gather-once")]
-    eng = choice_of(job.engine)
+    engines = [Engine("generate"), Engine("hybrid-engine", pin=True), Engine("hybrid-engine", pin=False),
+               Engine("hybrid-engine", pin=True, release_cache=True), Engine("gather-once")]
+    eng = engine_of(job)
     engines += [] if eng in engines else [eng]
     frozen = [m for m in job.models if not m.trainable]
     for a_stage, c_stage, offload, ref_off, rew_off, engine in itertools.product(
@@ -114,7 +97,7 @@ def deepspeed_chat(job, gpus: int):
         yield holds, engine
 
 
-def deepspeed_chat_settings(job, holds: dict, engine: Choice) -> dict:
+def deepspeed_chat_settings(job, holds: dict, engine: Engine) -> dict:
     hybrid = engine.kind == "hybrid-engine"
     out = {"--actor_zero_stage": holds["actor"].stage, "--offload": holds["actor"].offload_optimizer,
            "--offload_reference_model": "reference" in holds and holds["reference"].offload_param,
@@ -129,7 +112,7 @@ def deepspeed_chat_settings(job, holds: dict, engine: Choice) -> dict:
 
 
 def openrlhf(job, gpus: int):
-    eng = choice_of(job.engine)
+    eng = engine_of(job)
     engines = _colocated(eng, sorted({eng.sleep, True})) if eng.kind == "vllm" and eng.colocate else [eng]
     for stage, adam, off, engine in itertools.product(_stages(job.model("actor").stage), (False, True),
                                                       (False, True), engines):
@@ -137,22 +120,22 @@ def openrlhf(job, gpus: int):
                for m in job.models}, engine
 
 
-def openrlhf_settings(job, holds: dict, engine: Choice) -> dict:
+def openrlhf_settings(job, holds: dict, engine: Engine) -> dict:
     actor = holds["actor"]
     frozen = [holds[m.role] for m in job.models if not m.trainable]
     out = {"--zero_stage": actor.stage, "--adam_offload": actor.offload_optimizer,
            "--ref_reward_offload": any(h.offload_param for h in frozen)}
     if engine.kind == "vllm" and engine.colocate:
-        out.update({"--vllm_gpu_memory_utilization": engine.util, "--vllm_enable_sleep": engine.sleep})
+        out.update({"--vllm_gpu_memory_utilization": engine.gpu_memory_utilization, "--vllm_enable_sleep": engine.sleep})
     return out
 
 
 def verl(job, gpus: int):
-    eng = choice_of(job.engine)
+    eng = engine_of(job)
     tps = sorted({t for t in (1, 2, 4, 8, eng.tp) if gpus % t == 0})
     engines = [eng]
     if eng.kind == "vllm":
-        engines = [Choice("vllm", True, u, t, 0, eng.sleep) for u in _utils(eng.util) for t in tps]
+        engines = [Engine("vllm", True, u, t, 0, eng.sleep) for u in _utils(eng.gpu_memory_utilization) for t in tps]
     offload_opts = [(p, o) for p in (False, True) for o in (False, True)]
     per_model = [[(p, o if m.trainable else False) for p, o in offload_opts if m.trainable or not o] for m in job.models]
     for combo in itertools.product(*per_model):
@@ -165,7 +148,7 @@ _VERL_PREFIX = {"actor": "actor_rollout_ref.actor", "reference": "actor_rollout_
                 "reward": "reward_model.model"}
 
 
-def verl_settings(job, holds: dict, engine: Choice) -> dict:
+def verl_settings(job, holds: dict, engine: Engine) -> dict:
     out = {}
     for role, h in holds.items():
         prefix = _VERL_PREFIX.get(role, role)
@@ -173,14 +156,14 @@ def verl_settings(job, holds: dict, engine: Choice) -> dict:
         if role in ("actor", "critic"):
             out[f"{prefix}.fsdp_config.optimizer_offload"] = h.offload_optimizer
     if engine.kind == "vllm":
-        out["actor_rollout_ref.rollout.gpu_memory_utilization"] = engine.util
+        out["actor_rollout_ref.rollout.gpu_memory_utilization"] = engine.gpu_memory_utilization
         out["actor_rollout_ref.rollout.tensor_model_parallel_size"] = engine.tp
     return out
 
 
 def trl(job, gpus: int):
-    eng = choice_of(job.engine)
-    engines = [Choice("generate"), Choice("gather-once")]
+    eng = engine_of(job)
+    engines = [Engine("generate"), Engine("gather-once")]
     if eng.kind == "vllm":
         engines += _colocated(eng, (False, True)) if eng.colocate else [eng]
     for stage, op, oo, engine in itertools.product(_stages(job.model("actor").stage), (False, True), (False, True),
@@ -193,22 +176,22 @@ def trl(job, gpus: int):
         yield holds, engine
 
 
-def trl_settings(job, holds: dict, engine: Choice) -> dict:
+def trl_settings(job, holds: dict, engine: Engine) -> dict:
     a = holds["actor"]
     out = {"zero_stage": a.stage, "offload_param_device": "cpu" if a.offload_param else "none",
            "offload_optimizer_device": "cpu" if a.offload_optimizer else "none"}
     if engine.kind == "vllm":
         out.update({"use_vllm": True, "vllm_mode": "colocate" if engine.colocate else "server"})
         if engine.colocate:
-            out.update({"vllm_gpu_memory_utilization": engine.util, "vllm_enable_sleep_mode": engine.sleep})
+            out.update({"vllm_gpu_memory_utilization": engine.gpu_memory_utilization, "vllm_enable_sleep_mode": engine.sleep})
     else:
         out.update({"use_vllm": False, "ds3_gather_for_generation": engine.kind == "gather-once"})
     return out
 
 
 def generic(job, gpus: int):
-    eng = choice_of(job.engine)
-    engines = [Choice(k) for k in job.engines_allowed if k in ("generate", "gather-once", "hybrid-engine")]
+    eng = engine_of(job)
+    engines = [Engine(k) for k in job.engines_allowed if k in ("generate", "gather-once", "hybrid-engine")]
     if eng.kind == "vllm":
         engines += _colocated(eng, sorted({eng.sleep, True})) if eng.colocate else [eng]
     elif eng not in engines:
@@ -229,13 +212,13 @@ def generic(job, gpus: int):
                 yield holds, engine
 
 
-def generic_settings(job, holds: dict, engine: Choice) -> dict:
+def generic_settings(job, holds: dict, engine: Engine) -> dict:
     out = {}
     for role, h in holds.items():
         out[f"{role} stage"] = h.stage
         out[f"{role} offload_param"] = h.offload_param
         out[f"{role} offload_optimizer"] = h.offload_optimizer
-    out["rollout"] = engine.label
+    out["rollout"] = engine_label(engine)
     return out
 
 
@@ -257,7 +240,7 @@ def _space(job) -> tuple:
     return SPACES[fw]
 
 
-def _candidate(job, space: tuple, holds: dict, engine: Choice, gpus: int, code_change: bool) -> Candidate | None:
+def _candidate(job, space: tuple, holds: dict, engine: Engine, gpus: int, code_change: bool) -> Candidate | None:
     """The arrangement, or None when a vLLM server on GPUs of its own leaves none for training."""
     _arrangements, settings, _code, apart, _raw = space
     train = gpus - (engine.gpus if apart and engine.kind == "vllm" and not engine.colocate else 0)
@@ -282,7 +265,7 @@ def given(job, gpus: int) -> Candidate | None:
     holds = {m.role: Hold(m.stage, m.offload_param, m.offload_optimizer) for m in job.models}
     if not space[4]:  # the framework's settings say what DeepSpeed does with them
         holds = {m.role: holds[m.role].effective(m.trainable) for m in job.models}
-    cand = _candidate(job, space, holds, choice_of(job.engine), gpus, False)
+    cand = _candidate(job, space, holds, engine_of(job), gpus, False)
     if cand is None:
         raise InputError(f"the vLLM engine's {job.engine.gpus} GPU(s) of its own leave none of the {gpus} for training",
                          path=job.source, hint="give --gpus the training GPUs and the engine's together")

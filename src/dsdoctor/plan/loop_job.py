@@ -1,29 +1,14 @@
 """``plan --loop`` for a whole RL job: the actor, reference, critic and reward on the same GPUs, the rollout
 engine, and the fastest arrangement that fits (``plan_job``).
 
-Data flow: the job (``config/rl.py``: a job file, a launch line, or the models given as flags) -> each model
-resolved to a shape (a model directory, a config.json, or a size: the Llama-style shape of that size) ->
-every arrangement the job's framework allows (``loop_arrange.py``) -> per GPU the three phases of an iteration
-(``loop_memory.py``) and the seconds of each (below) -> the rows, the recommendation, the findings
-(``loop_result.py``).
-
-Time of one iteration per training GPU (each term a count times a machine figure, as ``speed.py``):
-
-* rollout: ``batch`` sequences of ``new_tokens``: HF generate at plan's speed for the path (plain, or ZeRO-3
-  with its hooks and per-step gathers); gather-once and the pinned hybrid engine: plain speed plus one
-  all-gather of the weights (the hybrid engine's kernels are not modelled: plain speed is its floor); vLLM:
-  the same decode model without the eager per-layer work (CUDA graphs), a colocated engine serving the
-  batches of its tensor-parallel GPUs, plus the weight sync (gathered over the GPU link, loaded at HBM speed)
-  and with sleep mode the weights copied out and back over the host link; an engine on GPUs of its own
-  serves every training GPU's batch.
-* experience: one forward per model over the rollouts: 2 FLOPs per parameter and token at the matmul rate,
-  per micro-batch the eager per-layer work and ZeRO-3's module hooks (the machine's figures), ZeRO-3's
-  all-gather, offloaded parameters copied from the host.
-* train: 6 FLOPs per parameter and token (8 with gradient checkpointing) per trainable model, per micro-step
-  three passes of eager per-layer work and ZeRO-3 hooks (four with recomputation), its
-  collectives (stage 2: reduce-scatter + all-gather; stage 3: the gathers of forward and backward per
-  micro-step + reduce-scatter), offloaded optimizer state (gradients down, parameters up over the host
-  link, DeepSpeedCPUAdam at an assumed 1e9 elements/s per rank) and offloaded parameters per micro-step.
+Data flow: a ``JobRequest`` -> the job (``config/rl.py``: a job file, a launch line, or the models given as
+flags; flags win) -> each model resolved to a shape (a model directory, a config.json, or a size: the
+Llama-style shape of that size) -> every arrangement the job's framework allows (``loop_arrange.py``) -> per GPU
+the phases of an iteration (``loop_memory.py``, on the layouts of the registry's paths) and the seconds of each
+(``JobModel``: the rollout at the first planner's speed for the actor's path, or the serving path's for vLLM;
+the experience forwards and training steps as FLOPs at the matmul rate plus the machine's eager per-layer work,
+ZeRO-3 hooks, all-gathers and host copies, docs/plan.md) -> an ``Arrangement`` each -> the recommendation and the
+findings (``loop_result.py``).
 
 Not modelled: activation recomputation's time beyond the 8 FLOPs, LoRA, pipeline or sequence parallelism,
 verl's FSDP as such (planned as ZeRO-3). Torch-free except the meta-device parameter count.
@@ -218,7 +203,7 @@ class JobModel:
         if not e.colocate:
             return None
         return engine_memory("vllm", self.resolved["actor"].shape, self.wl, self.hw.gpu_memory, e.tp, None,
-                             share=e.util or None)["seqs"]
+                             share=e.gpu_memory_utilization or None)["seqs"]
 
     def _engine_s(self, batch: int, e) -> float:
         """One engine generating ``batch`` sequences, in waves of what its KV pool holds."""

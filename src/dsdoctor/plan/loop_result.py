@@ -9,7 +9,7 @@ from dsdoctor.config.rl import ROLES
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.plan import findings as plan_findings
-from dsdoctor.plan.loop_arrange import Candidate, changes
+from dsdoctor.plan.loop_arrange import Candidate, changes, engine_label
 from dsdoctor.plan.loop_code import job_code, job_ds_configs
 from dsdoctor.plan.loop_memory import Hold, Phase
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
@@ -76,7 +76,7 @@ class Arrangement:
 
     @property
     def engine(self) -> str:
-        return self.candidate.engine.label
+        return engine_label(self.candidate.engine)
 
     def to_dict(self) -> dict:
         return {"arrangement": self.arrangement, "holds": self.holds, "engine": self.engine,
@@ -93,7 +93,7 @@ class Arrangement:
 def label(cand) -> tuple[str, dict]:
     order = {r: i for i, r in enumerate(ROLES)}
     holds = {role: h.label for role, h in sorted(cand.holds.items(), key=lambda rh: order.get(rh[0], 99))}
-    text = ", ".join(f"{role} {h}" for role, h in holds.items()) + f"; {cand.engine.label}"
+    text = ", ".join(f"{role} {h}" for role, h in holds.items()) + f"; {engine_label(cand.engine)}"
     return text, holds
 
 
@@ -162,10 +162,8 @@ class JobPlanResult:
 
     def _detail_lines(self, lang: str) -> list[str]:
         t = lambda k: pick(TEXT[k], lang)  # noqa: E731
-        out = []
-        shown = [r for r in (self.given, self._recommended_row()) if r is not None]
-        for r in dict.fromkeys(id(x) for x in shown):
-            row = next(x for x in shown if id(x) == r)
+        out, rec = [], self._recommended_row()
+        for row in [self.given] * (self.given is not None) + [rec] * (rec is not None and rec is not self.given):
             head = t("given") if row.given else t("recommended")
             out.append(t("parts head").format(which=head, phase=t("phase " + row.peak.name),
                                               peak=human_bytes(row.gpu_peak_bytes)))
@@ -229,7 +227,7 @@ def _shown(rows: list, chosen, base) -> list:
     by_engine: dict = {}
     for r in rows:
         engine = r.candidate.engine
-        by_engine.setdefault(engine.label.split(" (")[0] + ("" if engine.colocate else " apart"), []).append(r)
+        by_engine.setdefault(engine_label(engine).split(" (")[0] + ("" if engine.colocate else " apart"), []).append(r)
     for group in by_engine.values():
         fit = [r for r in group if r.fits]
         picked.append(max(fit, key=lambda r: r.samples_per_s) if fit else min(group, key=lambda r: r.gpu_need_bytes))
