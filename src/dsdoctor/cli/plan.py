@@ -19,6 +19,9 @@ EXAMPLES = """\
   dsdoctor plan --model ./Qwen2-72B --gpus 8 --host-memory 1TiB --transformers-version 4.44.2"""
 
 
+JOB_FLAGS = ("job", "ref", "critic", "reward")  # any of them: an RL job
+
+
 def add_request_flags(p, cls, skip=()) -> list[str]:
     """One flag per field of the request type ``cls`` (``plan/request.py``): its option, type, default and
     help from the field's declaration. Returns the names added."""
@@ -69,7 +72,7 @@ def register(sub):
 def run(args) -> int:
     from dsdoctor.plan.api import plan
 
-    if args.job or args.ref or args.critic or args.reward:
+    if any(getattr(args, k) for k in JOB_FLAGS):
         return run_job(args)
     if args.model is None:
         from dsdoctor.errors import InputError

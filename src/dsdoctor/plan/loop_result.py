@@ -244,8 +244,8 @@ def _recommendation(job, resolved, hw, wl, train_batch, base, chosen) -> tuple[J
     base_cand = base.candidate if base else None
     ch = changes(chosen.candidate, base_cand)
     same = base is not None and chosen.arrangement == base.arrangement
-    speedup = chosen.samples_per_s / base.samples_per_s if base and base.fits and base.samples_per_s and not same \
-        else None
+    compared = base is not None and base.fits and not same  # faster than a job as given that runs
+    speedup = chosen.samples_per_s / base.samples_per_s if compared and base.samples_per_s else None
     why = {lang: pick(TEXT["why"], lang).format(need=human_bytes(chosen.gpu_need_bytes),
                                                 capacity=human_bytes(hw.gpu_memory),
                                                 samples=f"{chosen.samples_per_s:.2f}",
@@ -302,19 +302,20 @@ def build_result(job, resolved, hw, wl, train_batch, rows, base, chosen, figures
     found = _findings(hw, base, chosen, smallest, rec, speedup, figures, profile)
     models = [{"role": m.role, "source": resolved[m.role].source, "params": resolved[m.role].params,
                "how": resolved[m.role].how, "trainable": m.trainable,
-               "given": effective_given(m).label if effective_given(m) else None} for m in job.models]
+               "given": given_label(m)} for m in job.models]
     assumptions = [f"CPU Adam {CPU_ADAM_ELEMENTS_PER_S:.0e} elements/s per rank", *ASSUMPTIONS, *job.notes]
     workload = {"batch": wl.batch, "prompt_len": wl.prompt_len, "new_tokens": wl.new_tokens, "dtype": wl.dtype,
                 "train_batch": train_batch}
-    jd = {"framework": job.framework, "source": job.source, "engine": job.engine.to_dict() if job.engine else None,
+    jd = {"framework": job.framework, "source": job.source, "engine": job.engine and job.engine.to_dict(),
           "gpus": hw.gpus}
     return JobPlanResult(jd, models, workload, hw, shown, base, rec, found, assumptions)  # base is always shown
 
 
-def effective_given(m):
+def given_label(m) -> str | None:
+    """How the job holds a model as given (None: it names no stage)."""
     if m.stage is None:
         return None
-    return Hold(m.stage, m.offload_param, m.offload_optimizer).effective(m.trainable)
+    return Hold(m.stage, m.offload_param, m.offload_optimizer).effective(m.trainable).label
 
 
 def _top_parts(row: Arrangement, n: int = 3) -> str:
