@@ -76,8 +76,8 @@ def predict(args, shape: dict, case: str, gpu_memory: str, gpu_name: str | None)
                    else "fp32", gpus=1, engine=rl.Engine(spec["engine"]))
     r = evaluate_arrangement(job, gpu_memory=gpu_memory, gpu_name=gpu_name, host_memory="128GiB", detect=False,
                              counts="formula")
-    return {"phases": {p.name: p.total for p in r["phases"]}, "peak_phase": r["peak"].name, "need": r["need"],
-            "seconds": r["times"], "fits": r["fits"]}
+    return {"phases": {p.name: p.total for p in r.phases}, "peak_phase": r.peak.name, "need": r.gpu_need_bytes,
+            "seconds": r.seconds, "fits": r.fits}
 
 
 # ------------------------------------------------------------------ one arrangement (child)

@@ -35,15 +35,16 @@ def calibrate(out=None, nvme_path=None, **kwargs):
 
 
 def plan(model, **kwargs):
-    """Predicted memory and speed of every load path, and the recommendation (see dsdoctor.plan.api.plan)."""
+    """Predicted memory and speed of every load path, and the recommendation; every keyword a field of
+    ``dsdoctor.plan.request.PlanRequest`` (batch, prompt_len, new_tokens, dtype, gpus, gpu_memory, config, loop, ...)."""
     from dsdoctor.plan.api import plan as run
     return run(model, **kwargs)
 
 
 def plan_job(job=None, **kwargs):
-    """An RL job's models on the same GPUs: per-GPU memory of every arrangement and the fastest that fits (see
-    dsdoctor.plan.loop_job.plan_job). ``job``: a job file, launch line, dict or ``RlJob``; or the models as
-    ``actor=``, ``ref=``, ``critic=``, ``reward=`` (``MODEL[:opts]``)."""
+    """An RL job's models on the same GPUs: per-GPU memory of every arrangement and the fastest that fits.
+    ``job``: a job file, launch line, dict or ``RlJob``; or the models as ``actor=``, ``ref=``, ``critic=``,
+    ``reward=`` (``MODEL[:opts]``); every keyword a field of ``dsdoctor.plan.request.JobRequest``."""
     from dsdoctor.plan.loop_job import plan_job as run
     return run(job, **kwargs)
 

@@ -34,3 +34,9 @@ def optimizer_cost(num_params: int, world: int, offload_optimizer: str, param_by
     else:  # fp32 master plus the flat gradient partition in the parameter dtype, on the GPU
         host, gpu = 0, (GPU_BYTES_PER_SHARD_ELEMENT_FP32 + param_bytes) * shard
     return {"host": host, "gpu": gpu, "bucket": int(reduce_bucket_size) * param_bytes, "shard": shard}
+
+
+def allgather_s(nbytes: float, ranks: int, bus_bandwidth: float) -> float:
+    """Seconds to all-gather ``nbytes`` (the whole tensor) over ``ranks`` at ``bus_bandwidth`` bytes/s: each rank
+    receives the (ranks - 1) / ranks it does not hold; nothing on one rank."""
+    return nbytes * (ranks - 1) / ranks / bus_bandwidth if ranks > 1 else 0.0

@@ -1,4 +1,4 @@
-"""plan --loop: generation inside training adds the paths zero2 and zero3-gather-once (plan/loop.py)."""
+"""plan --loop: generation inside training adds the paths zero2 and zero3-gather-once (plan/paths/loop.py)."""
 import json
 
 import pytest

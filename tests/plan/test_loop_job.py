@@ -28,21 +28,22 @@ def test_dschat_job_per_gpu_sum_matches_its_parts():
     g = r.given
     assert g is not None and [m["role"] for m in r.models] == ["actor", "reference", "critic", "reward"]
     for row in r.rows:
-        assert sum(row.breakdown.values()) == row.gpu_peak_bytes
-        assert row.phases[row.peak_at] == row.gpu_peak_bytes == max(row.phases.values())
+        assert sum(row.peak.parts.values()) == row.gpu_peak_bytes
+        assert row.peak.total == row.gpu_peak_bytes == max(p.total for p in row.phases)
     n = r.models[0]["params"]
     shard = math.ceil(n / 8)
-    parts = g.breakdown
+    parts = g.peak.parts
     for role in ("actor", "reference", "critic", "reward"):
-        assert parts[f"{role}:weights"] == n * 2  # ZeRO-2 and stage 0 keep the whole model on every GPU
+        # ZeRO-2 and stage 0 keep the whole model on every GPU (plan's plain layout)
+        assert parts[f"{role}:weights_resident"] == n * 2 and f"{role}:persistent_params" not in parts
     # ZeRO-2 keeps the fp32 master and two fp32 moments per element of the 1/8 partition all along
     assert parts["actor:optimizer_state"] == parts["critic:optimizer_state"] == (4 + 8) * shard
     assert "reference:optimizer_state" not in parts and "reward:optimizer_state" not in parts
     # the training step (the peak here) adds the gradients: the fp16 partition and its fp32 copy, and with
     # overlap_comm (DeepSpeed-Chat sets it) two reduce_bucket_size buffers of fp16
-    assert g.peak_at == "train"
+    assert g.peak.name == "train"
     step = {k.split(":", 2)[2]: v for k, v in parts.items() if k.startswith("train:")}
-    assert step["gradients"] == (2 + 4) * shard and step["gradient_buckets"] == 2 * 500_000_000 * 2
+    assert step["gradients"] == (2 + 4) * shard and step["reduce_bucket"] == 2 * 500_000_000 * 2
     # the JSON carries the same numbers
     d = r.to_dict()
     assert d["given"]["gpu_peak_bytes"] == sum(d["given"]["breakdown"].values())
@@ -71,7 +72,8 @@ def test_reference_offload_below_stage3_is_counted_whole():
     """--offload_reference_model at --actor_zero_stage 2: DeepSpeed-Chat builds the reference at stage 0 and
     DeepSpeed ignores offload_param there; the plan counts the whole reference on every GPU."""
     r = _dschat()
-    assert r.models[1]["given"] == "zero0" and r.given.breakdown["reference:weights"] == r.models[1]["params"] * 2
+    assert r.models[1]["given"] == "zero0"
+    assert r.given.peak.parts["reference:weights_resident"] == r.models[1]["params"] * 2
 
 
 def _two_models(**kw):
@@ -90,17 +92,18 @@ def test_gather_once_adds_the_whole_weights_to_the_rollout_only():
                                 detect=False, counts="formula")
     once = evaluate_arrangement(_two_models(engine=rl.Engine("gather-once")), gpu_memory="141GiB", gpu_name="H200",
                                 host_memory="1TiB", detect=False, counts="formula")
-    b, o = ({p.name: p for p in x["phases"]} for x in (base, once))
-    assert o["rollout"].parts["rollout:gathered_whole_model"] == 6738415616 * 2  # on each of the 2 GPUs
+    b, o = ({p.name: p for p in x.phases} for x in (base, once))
+    rollout = o["rollout"].parts  # on each of the 2 GPUs, beside the shards and the whole persistent parameters
+    assert rollout["rollout:gathered_whole_model"] + rollout["actor:persistent_params"] == 6738415616 * 2
     assert o["train"].total == b["train"].total and o["experience"].total == b["experience"].total
-    assert once["times"]["rollout"] < base["times"]["rollout"]  # ZeRO-3's hooks on every token cost more
+    assert once.seconds["rollout"] < base.seconds["rollout"]  # ZeRO-3's hooks on every token cost more
 
 
 def test_gathering_on_one_gpu_copies_nothing():
     """Measured on one H200 (bench/rlloop/job_gpu.py): ZeRO-3's partition on one rank is the whole model."""
     one = evaluate_arrangement(_two_models(engine=rl.Engine("gather-once"), gpus=1), gpu_memory="141GiB",
                                gpu_name="H200", host_memory="1TiB", detect=False, counts="formula")
-    assert "rollout:gathered_whole_model" not in {p.name: p for p in one["phases"]}["rollout"].parts
+    assert "rollout:gathered_whole_model" not in {p.name: p for p in one.phases}["rollout"].parts
 
 
 def test_flags_give_the_job_and_the_dtype_is_kept():

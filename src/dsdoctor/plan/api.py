@@ -36,6 +36,7 @@ from dsdoctor.plan.paths import (
 )
 from dsdoctor.plan.paths.base import LayoutPath, for_transformers
 from dsdoctor.plan.positions import hard_limit, position_limit
+from dsdoctor.plan.request import PlanRequest
 from dsdoctor.plan.result import PlanResult, Recommendation
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for
@@ -94,46 +95,43 @@ def _recommend(plans: list, rows: dict, ctx: PlanContext) -> tuple:
     return chosen, compared, Recommendation(chosen.name, why, path.ds_config(ctx), code)
 
 
-def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_tokens: int = 128,
-         dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
-         h2d_bandwidth=None, config=None, counts: str = "auto", detect: bool = True,
-         gpu_name: str | None = None, loop: bool = False, machine=None, alloc_conf: str | None = None,
-         transformers_version: str | None = None, hf_equality: bool = False, recheck=None) -> PlanResult:
-    """Plan ``model`` for the workload. ``config`` is a DeepSpeed config path, dict or an already loaded
-    ``dsdoctor.config.load.LoadedConfig`` (``diagnose`` passes the one it has read). ``loop``: the model trains
-    and generates its own rollouts (RLHF/GRPO): training state and the training step counted on the ZeRO-3
-    paths, the paths zero2 and zero3-gather-once added, the recommendation among training paths
-    (``plan/loop.py``). ``machine``: a MachineProfile or a profile file (``dsdoctor calibrate --out``); by
-    default the cached profile of this machine when one matches (only when ``detect``). ``alloc_conf``: the
-    PYTORCH_CUDA_ALLOC_CONF the run will use (default: this process's environment). ``transformers_version``: the
-    transformers release that will load the model (default: the one installed here, read from its dist-info):
-    host memory by loading method and the emitted code follow it (``plan/loading.py``). ``hf_equality``: the
-    outputs must equal transformers' greedy ``generate`` token for token: a serving engine (vLLM, SGLang) is then
-    shown but never recommended. ``recheck``: re-time an eager decoder layer on this host before a profile of
-    this hardware kind is used, and scale its host-bound figures when the host has drifted
-    (``calibrate/recheck.py``); None: when a GPU is visible here, False: never, a callable: the measurement
-    (tests)."""
+def plan(model: str | os.PathLike | None = None, **values) -> PlanResult:
+    """Plan ``model`` for the workload: every value a field of ``PlanRequest`` (``plan/request.py`` says what
+    each is), as plain values."""
+    return plan_request(PlanRequest(model=model, **values))
+
+
+def plan_request(req: PlanRequest) -> PlanResult:
+    """The plan a ``PlanRequest`` asks for. ``config`` may be an already loaded ``LoadedConfig`` (``diagnose``
+    passes the one it has read); with ``loop`` the training state and step are counted on the ZeRO-3 paths and
+    the paths zero2 and zero3-gather-once added, the recommendation among training paths (``loop_memory.py``)."""
+    if req.model is None:
+        from dsdoctor.errors import InputError
+
+        raise InputError("plan needs a model: a model directory or its config.json")
+    model, gpus, alloc_conf = req.model, req.gpus, req.alloc_conf
     spec = load_model_spec(model)
     # every input checked before the slow part (the meta-device build): bad input ends at once
     pos_limit, hard = position_limit(spec.raw), hard_limit(spec.raw)
-    wl = make_workload(batch, prompt_len, new_tokens, dtype, spec.dtype, hard)
-    hw = make_hardware(gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name=gpu_name, detect=detect)
-    profile = resolve_profile(machine, detect)
-    profile, freshness = fresh_profile(profile, detect, hw, recheck)
+    wl = make_workload(req.batch, req.prompt_len, req.new_tokens, req.dtype, spec.dtype, hard)
+    hw = make_hardware(gpus, req.gpu_memory, req.host_memory, req.h2d_bandwidth, gpu_name=req.gpu_name,
+                       detect=req.detect)
+    profile = resolve_profile(req.machine, req.detect)
+    profile, freshness = fresh_profile(profile, req.detect, hw, req.recheck)
     figures = figures_for(hw, profile)
     if alloc_conf is None:
         alloc_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    knobs = load_knobs(config)
-    loading = transformers_loading(transformers_version)
-    inv = load_inventory(spec, counts)
+    knobs = load_knobs(req.config)
+    loading = transformers_loading(req.transformers_version)
+    inv = load_inventory(spec, req.counts)
     run_dtype, capability = _run_dtype(wl.dtype, hw)
     ctx = PlanContext(
         shape=model_shape(spec, inv), wl=wl, hw=hw, figures=figures, knobs=knobs, config_path=config_path(knobs),
         ckpt=dataclasses.replace(find_checkpoint(spec.path, inv.num_params * wl.dtype_bytes, spec.dtype),
                                  loader=loading["loader"]), model=str(model),
-        run_dtype=run_dtype, loop=loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),
+        run_dtype=run_dtype, loop=req.loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),
         context_bytes=profile.get("context_bytes") if profile is not None else None, pos_limit=pos_limit,
-        hard_limit=hard, transformers=loading, hf_equality=hf_equality)
+        hard_limit=hard, transformers=loading, hf_equality=req.hf_equality)
     rows, plans = {}, []
     for path in paths_for(ctx):
         row = evaluate(path, ctx)
@@ -141,7 +139,7 @@ def plan(model: str | os.PathLike, batch: int = 1, prompt_len: int = 512, new_to
             rows[row.name] = path
             plans.append(row)
     chosen, compared, recommendation = _recommend(plans, rows, ctx)
-    found = _findings(plans, rows, chosen, ctx, spec, capability, profile, machine)
+    found = _findings(plans, rows, chosen, ctx, spec, capability, profile, req.machine)
     found += plan_findings.freshness_findings(profile, freshness)
     hw.profile = profile_summary(profile, figures, freshness)
     hw.alloc_conf = alloc_conf or None

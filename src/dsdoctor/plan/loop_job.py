@@ -1,29 +1,14 @@
 """``plan --loop`` for a whole RL job: the actor, reference, critic and reward on the same GPUs, the rollout
 engine, and the fastest arrangement that fits (``plan_job``).
 
-Data flow: the job (``config/rl.py``: a job file, a launch line, or the models given as flags) -> each model
-resolved to a shape (a model directory, a config.json, or a size: the Llama-style shape of that size) ->
-every arrangement the job's framework allows (``loop_arrange.py``) -> per GPU the three phases of an iteration
-(``loop_memory.py``) and the seconds of each (below) -> the rows, the recommendation, the findings
-(``loop_result.py``).
-
-Time of one iteration per training GPU (each term a count times a machine figure, as ``speed.py``):
-
-* rollout: ``batch`` sequences of ``new_tokens``: HF generate at plan's speed for the path (plain, or ZeRO-3
-  with its hooks and per-step gathers); gather-once and the pinned hybrid engine: plain speed plus one
-  all-gather of the weights (the hybrid engine's kernels are not modelled: plain speed is its floor); vLLM:
-  the same decode model without the eager per-layer work (CUDA graphs), a colocated engine serving the
-  batches of its tensor-parallel GPUs, plus the weight sync (gathered over the GPU link, loaded at HBM speed)
-  and with sleep mode the weights copied out and back over the host link; an engine on GPUs of its own
-  serves every training GPU's batch.
-* experience: one forward per model over the rollouts: 2 FLOPs per parameter and token at the matmul rate,
-  per micro-batch the eager per-layer work and ZeRO-3's module hooks (the machine's figures), ZeRO-3's
-  all-gather, offloaded parameters copied from the host.
-* train: 6 FLOPs per parameter and token (8 with gradient checkpointing) per trainable model, per micro-step
-  three passes of eager per-layer work and ZeRO-3 hooks (four with recomputation), its
-  collectives (stage 2: reduce-scatter + all-gather; stage 3: the gathers of forward and backward per
-  micro-step + reduce-scatter), offloaded optimizer state (gradients down, parameters up over the host
-  link, DeepSpeedCPUAdam at an assumed 1e9 elements/s per rank) and offloaded parameters per micro-step.
+Data flow: a ``JobRequest`` -> the job (``config/rl.py``: a job file, a launch line, or the models given as
+flags; flags win) -> each model resolved to a shape (a model directory, a config.json, or a size: the
+Llama-style shape of that size) -> every arrangement the job's framework allows (``loop_arrange.py``) -> per GPU
+the phases of an iteration (``loop_memory.py``, on the layouts of the registry's paths) and the seconds of each
+(``JobModel``: the rollout at the first planner's speed for the actor's path, or the serving path's for vLLM;
+the experience forwards and training steps as FLOPs at the matmul rate plus the machine's eager per-layer work,
+ZeRO-3 hooks, all-gathers and host copies, docs/plan.md) -> an ``Arrangement`` each -> the recommendation and the
+findings (``loop_result.py``).
 
 Not modelled: activation recomputation's time beyond the 8 FLOPs, LoRA, pipeline or sequence parallelism,
 verl's FSDP as such (planned as ZeRO-3). Torch-free except the meta-device parameter count.
@@ -43,17 +28,19 @@ from dsdoctor.model.spec import load_model_spec, spec_from_config
 from dsdoctor.plan.api import load_inventory, resolve_profile
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.hardware import make_hardware
-from dsdoctor.plan.loading import PROCESS_BASE, ZERO3_RUNTIME
+from dsdoctor.plan.loading import PROCESS_BASE, ZERO3_RUNTIME, Checkpoint
 from dsdoctor.plan.loop_arrange import Candidate, candidates, changes, given
-from dsdoctor.plan.loop_memory import Hold, ModelCosts, effective, phases_of
-from dsdoctor.plan.loop_result import CPU_ADAM_ELEMENTS_PER_S, build_result
-from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS, allocated, params_numel
-from dsdoctor.plan.paths.plain import plain_layout
-from dsdoctor.plan.reserved import reserved_for
-from dsdoctor.plan.schedule import Gather
+from dsdoctor.plan.loop_memory import Hold, ModelCosts, phases_of
+from dsdoctor.plan.loop_result import CPU_ADAM_ELEMENTS_PER_S, Arrangement, JobPlanResult, build_result
+from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS
+from dsdoctor.plan.paths import PlanContext, by_name
+from dsdoctor.plan.paths.loop import allocator_slack, gather_once_speed
+from dsdoctor.plan.paths.serving import engine_memory, engine_speed
+from dsdoctor.plan.request import JobRequest, MachineRequest
 from dsdoctor.plan.shape import model_shape
-from dsdoctor.plan.speed import StepTerms, estimate_speed, figures_for, hooked_modules
+from dsdoctor.plan.speed import figures_for, hooked_modules
 from dsdoctor.plan.workload import make_workload
+from dsdoctor.zero_costs import allgather_s
 
 CLOSE = 0.05  # arrangements within 5% of the fastest: the one with the fewest changes wins
 
@@ -131,17 +118,12 @@ def _group_gpus(job, total: int) -> dict:
     return out
 
 
-def vllm_figures(figures):
-    """The machine's figures for a CUDA-graph decode: no eager per-layer launches."""
-    values = dict(figures.values)
-    for k in list(values):
-        if k.startswith("eager_layer_s"):
-            values[k] = 0.0
-    return dataclasses.replace(figures, values=values)
+ASSUMED_CHECKPOINT = Checkpoint("unknown", 0, 0, 0, None, seen=True)  # a job's models: loaded, not built
 
 
 class JobModel:
-    """What one plan of a job reads: the resolved models, the shapes of the phases, the machine."""
+    """What one plan of a job reads: the resolved models, the shapes of the phases, the machine. Every model's
+    memory and rollout speed come from the path of the registry its hold runs on (``Hold.path``)."""
 
     def __init__(self, job, resolved: dict, hw, figures, wl, train_batch: int):
         self.job, self.resolved, self.hw, self.figures, self.wl = job, resolved, hw, figures, wl
@@ -154,14 +136,28 @@ class JobModel:
         key = (role, world)
         if key not in self._costs:
             m, r = self.job.model(role), self.resolved[role]
-            self._costs[key] = ModelCosts(role, r.shape, r.params, m.trainable, role in ("critic", "reward"), world,
-                                          self.wl.dtype_bytes, m.gradient_checkpointing, self.job.reduce_bucket_size,
-                                          self.job.overlap_comm)
+            layouts = {}
+
+            def layout_of(hold, world=world):
+                if hold.path not in layouts:
+                    layouts[hold.path] = by_name(hold.path)().layout(world, None)
+                return layouts[hold.path]
+
+            self._costs[key] = ModelCosts(role, r.shape, m.trainable, world, self.wl.dtype_bytes, layout_of,
+                                          value_head=role in ("critic", "reward"), ckpt=m.gradient_checkpointing,
+                                          reduce_bucket=self.job.reduce_bucket_size, overlap_comm=self.job.overlap_comm)
         return self._costs[key]
 
+    def context(self, role: str, world: int) -> PlanContext:
+        """The first planner's context of one model of the job on ``world`` GPUs (no DeepSpeed config: the
+        job's holds say everything)."""
+        r = self.resolved[role]
+        return PlanContext(shape=r.shape, wl=self.wl, hw=dataclasses.replace(self.hw, gpus=world),
+                           figures=self.figures, knobs=None, config_path=None, ckpt=ASSUMED_CHECKPOINT,
+                           model=r.source, run_dtype=self.wl.dtype)
+
     def world_of(self, cand: Candidate, group: str) -> int:
-        n = self.groups[group]
-        return cand.train_gpus if group == "all" else n
+        return cand.train_gpus if group == "all" else self.groups[group]
 
     # ------------------------------------------------------------ memory
     def memory(self, cand: Candidate) -> dict:
@@ -170,60 +166,51 @@ class JobModel:
         for group in self.groups:
             world = self.world_of(cand, group)
             costs = [self.costs(m.role, world) for m in self.job.models if m.group == group]
-            phases, host, notes = phases_of(costs, cand.holds, "actor", cand.engine, self.wl, self.train_batch,
+            phases, host, notes = phases_of(costs, cand.holds, cand.engine, self.wl, self.train_batch,
                                             self.hw.gpu_memory, self.experience_batch)
             out[group] = (phases, host, notes, world)
         return out
 
     # ------------------------------------------------------------ time
     def rollout_s(self, cand: Candidate, world: int) -> float:
-        actor = self.costs("actor", world)
-        r, wl, f = self.resolved["actor"], self.wl, self.figures
-        h = effective(cand.holds["actor"], True)
-        e = cand.engine
-        tokens = wl.batch * wl.new_tokens
-        weights = actor.weights
-        link = weights * (world - 1) / world / f.allgather_bus_bw if world > 1 else 0.0
-        host = weights / world / f.h2d_pinned if h.offload_param else 0.0
-        plain = estimate_speed(r.shape, wl, f)
+        """HF generate at the first planner's speed for the actor's path; gather-once and the pinned hybrid
+        engine at plain speed plus one all-gather; vLLM at the serving engine's."""
+        h, e = cand.holds["actor"].effective(True), cand.engine
         if e.kind == "vllm":
-            vf = vllm_figures(f)
-            sync = weights / f.hbm_read + (link + host if h.stage == 3 else 0.0)
-            if e.colocate:
-                return self._vllm_s(wl.batch * e.tp, e, vf) + sync + (
-                    2 * weights / e.tp / f.h2d_pinned if e.sleep else 0.0)
+            return self._vllm_s(e, h, world)
+        ctx = self.context("actor", world)
+        if h.stage == 3 and (e.kind == "gather-once" or (e.kind == "hybrid-engine" and e.pin)):
+            speed = gather_once_speed(ctx, h.offload_param)
+        else:
+            speed = by_name(h.path)().speed(ctx, self.costs("actor", world).allocated(h, self.wl))
+        return self.wl.batch * self.wl.new_tokens / speed.tokens_per_s
+
+    def _vllm_s(self, e, h: Hold, world: int) -> float:
+        """A vLLM engine's rollouts and the weight sync: colocated, it serves the batches of its tensor-parallel
+        GPUs, gets the weights gathered over the GPU link and loaded at HBM speed (with sleep mode also copied out
+        and back over the host link); on GPUs of its own it serves every training GPU's batch."""
+        f, weights = self.figures, self.costs("actor", world).weights
+        if not e.colocate:
             engines = max((e.gpus or e.tp) // e.tp, 1)
-            return self._vllm_s(max(wl.batch * world // engines, 1), e, vf) + weights / f.allgather_bus_bw
-        once = e.kind == "gather-once" or (e.kind == "hybrid-engine" and e.pin)
-        if h.stage == 3 and once:
-            return tokens / plain.tokens_per_s + link + host
-        if h.stage == 3:
-            moved = actor.gathered_per_step(cand.holds["actor"], wl)
-            terms = StepTerms(hooks="zero3_offload_module_s" if h.offload_param else "zero3_module_s", ranks=world,
-                              moved=moved, h2d="pinned" if h.offload_param else None)
-            return tokens / estimate_speed(r.shape, wl, f, terms).tokens_per_s
-        return tokens / plain.tokens_per_s
+            return self._engine_s(max(self.wl.batch * world // engines, 1), e) + weights / f.allgather_bus_bw
+        host = weights / world / f.h2d_pinned if h.offload_param else 0.0
+        sync = weights / f.hbm_read + (allgather_s(weights, world, f.allgather_bus_bw) + host if h.stage == 3 else 0.0)
+        return self._engine_s(self.wl.batch * e.tp, e) + sync + (2 * weights / e.tp / f.h2d_pinned if e.sleep else 0.0)
 
     def vllm_capacity(self, e) -> int | None:
-        """Sequences one engine holds in its KV pool at once (None: unbounded, an engine apart sized by
-        itself): gpu_memory_utilization x the GPU, less its weight share, over the KV bytes of one sequence."""
+        """Sequences one colocated engine holds in its KV pool at once (the serving model's accounting at the
+        job's gpu_memory_utilization); None: an engine apart, sized by itself."""
         if not e.colocate:
             return None
-        r = self.resolved["actor"]
-        seq = self.wl.prompt_len + self.wl.new_tokens
-        per_seq = seq * sum(r.shape.kv_elems_per_token) * self.wl.dtype_bytes / e.tp
-        free = (e.util or 0) * self.hw.gpu_memory - r.params * self.wl.dtype_bytes / e.tp
-        return max(int(free // per_seq), 0) if per_seq else None
+        return engine_memory("vllm", self.resolved["actor"].shape, self.wl, self.hw.gpu_memory, e.tp, None,
+                             share=e.gpu_memory_utilization or None)["seqs"]
 
-    def _vllm_s(self, batch: int, e, vf) -> float:
+    def _engine_s(self, batch: int, e) -> float:
         """One engine generating ``batch`` sequences, in waves of what its KV pool holds."""
-        wl = self.wl
         cap = self.vllm_capacity(e)
         running = batch if cap is None else max(min(batch, cap), 1)
-        waves = math.ceil(batch / running)
-        spd = estimate_speed(self.resolved["actor"].shape, dataclasses.replace(wl, batch=running), vf,
-                             StepTerms(tp=e.tp))
-        return waves * running * wl.new_tokens / spd.tokens_per_s
+        speed = engine_speed(self.resolved["actor"].shape, self.wl, self.figures, e.tp, running)
+        return math.ceil(batch / running) * running * self.wl.new_tokens / speed.tokens_per_s
 
     def _eager(self, c: ModelCosts, h: Hold, passes: int) -> float:
         """Host time of ``passes`` passes over the layers of one micro-batch (a forward is 1, forward + backward
@@ -235,8 +222,11 @@ class JobModel:
             t += passes * hooked_modules(c.shape) * v[hooks]
         return t
 
-    def _collective(self, c: ModelCosts, world: int) -> float:
-        return c.weights * (world - 1) / world / self.figures.allgather_bus_bw if world > 1 else 0.0
+    def _gather(self, c: ModelCosts, h: Hold, world: int) -> float:
+        """One ZeRO-3 gather of the model: over the GPU link, and from the host with offload_param."""
+        f = self.figures
+        return allgather_s(c.weights, world, f.allgather_bus_bw) + (c.weights / world / f.h2d_pinned
+                                                                     if h.offload_param else 0.0)
 
     def experience_s(self, cand: Candidate, world: int) -> float:
         f, seq = self.figures, self.wl.prompt_len + self.wl.new_tokens
@@ -244,26 +234,22 @@ class JobModel:
         total = 0.0
         for m in self.job.models:
             c = self.costs(m.role, world)
-            h = effective(cand.holds[m.role], m.trainable)
-            total += 2 * c.params * self.wl.batch * seq / f.matmul_flops
-            total += steps * self._eager(c, h, 1)
+            h = cand.holds[m.role].effective(m.trainable)
+            total += 2 * c.params * self.wl.batch * seq / f.matmul_flops + steps * self._eager(c, h, 1)
             if h.stage == 3:  # every micro-batch's forward gathers the model again
-                total += steps * (self._collective(c, world) + (c.weights / world / f.h2d_pinned
-                                                                if h.offload_param else 0))
+                total += steps * self._gather(c, h, world)
         return total
 
     def train_s(self, cand: Candidate, world: int) -> float:
         f, seq = self.figures, self.wl.prompt_len + self.wl.new_tokens
         steps = math.ceil(self.wl.batch / self.train_batch)
         total = 0.0
-        for m in self.job.models:
-            if not m.trainable:
-                continue
+        for m in (m for m in self.job.models if m.trainable):
             c = self.costs(m.role, world)
-            h = effective(cand.holds[m.role], True)
+            h = cand.holds[m.role].effective(True)
             total += (8 if m.gradient_checkpointing else 6) * c.params * self.wl.batch * seq / f.matmul_flops
             total += steps * self._eager(c, h, 4 if m.gradient_checkpointing else 3)
-            coll = self._collective(c, world)
+            coll = allgather_s(c.weights, world, f.allgather_bus_bw)
             total += (steps * 2 + 1) * coll if h.stage == 3 else 2 * coll
             if h.offload_optimizer:
                 shard = c.shard()
@@ -273,143 +259,123 @@ class JobModel:
         return total
 
     # ------------------------------------------------------------ one arrangement
-    def evaluate(self, cand: Candidate, slack: tuple) -> dict:
-        groups = self.memory(cand)
-        worst, need_worst, rows = None, -1, {}
-        host_total = 0
-        notes = list(cand.notes)
-        any_z3 = any(effective(h, True).stage == 3 for h in cand.holds.values())
-        for group, (phases, host, gnotes, world) in groups.items():
-            top = max(phases, key=lambda p: p.total)
-            outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 or any_z3 else 0)
-            if cand.engine.kind == "vllm" and cand.engine.colocate and self.job.framework == "openrlhf":
-                outside += CUDA_CONTEXT  # its engines are processes of their own on the same GPUs
-            # the caching allocator's slack: plan's replay of the actor's HF generate at the batch of the phase
-            # that sets the peak (the rollout batch, or the micro-batch of the forwards and training step)
-            hf_rollout = top.name == "rollout" and cand.engine.kind != "vllm"
-            need = top.total + slack[0 if hf_rollout else 1] + outside
-            rows[group] = (phases, top, need, world)
-            if need > need_worst:
-                worst, need_worst = group, need
-            host_total += sum(host.values()) + world * (PROCESS_BASE + (ZERO3_RUNTIME if any_z3 else 0))
-            notes += [n for n in gnotes if n not in notes]
+    def _need(self, cand: Candidate, phases: list, world: int, slack: tuple, any_z3: bool) -> int:
+        """What decides fits on one GPU of a group: the peak phase, the caching allocator's slack (plan's replay
+        of the actor's HF generate at the batch of the phase that sets the peak: the rollout batch, or the
+        micro-batch of the forwards and training step), the CUDA context and NCCL."""
+        top, e = max(phases, key=lambda p: p.total), cand.engine
+        outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 or any_z3 else 0)
+        if e.kind == "vllm" and e.colocate and self.job.framework == "openrlhf":
+            outside += CUDA_CONTEXT  # its engines are processes of their own on the same GPUs
+        return top.total + slack[0 if top.name == "rollout" and e.kind != "vllm" else 1] + outside
+
+    def _host(self, cand: Candidate, groups: dict, any_z3: bool) -> int:
         e = cand.engine
+        total = sum(sum(host.values()) + world * (PROCESS_BASE + (ZERO3_RUNTIME if any_z3 else 0))
+                    for _phases, host, _notes, world in groups.values())
         if e.kind == "vllm" and e.sleep:
-            host_total += (self.groups.get("all", cand.train_gpus) // max(e.tp, 1)) * self.costs("actor", 1).weights
+            total += (self.groups.get("all", cand.train_gpus) // max(e.tp, 1)) * self.costs("actor", 1).weights
         if e.kind == "vllm" and not e.colocate:
-            host_total += (e.gpus or e.tp) * PROCESS_BASE
-        phases, top, need, world = rows[worst]
-        limits = []
-        if need > self.hw.gpu_memory:
-            limits.append("gpu")
-        if host_total > self.hw.host_memory:
-            limits.append("host")
+            total += (e.gpus or e.tp) * PROCESS_BASE
+        return int(total)
+
+    def evaluate(self, cand: Candidate, slack: tuple) -> Arrangement:
+        groups = self.memory(cand)
+        any_z3 = any(h.effective(True).stage == 3 for h in cand.holds.values())
+        needs = {g: self._need(cand, phases, world, slack, any_z3) for g, (phases, _h, _n, world) in groups.items()}
+        worst = max(needs, key=needs.get)  # the first of the largest
+        notes = list(cand.notes)
+        for _phases, _host, gnotes, _world in groups.values():
+            notes += [n for n in gnotes if n not in notes]
+        phases, _host, _notes, world = groups[worst]
+        host = self._host(cand, groups, any_z3)
+        e = cand.engine
+        limits = [name for name, over in (("gpu", needs[worst] > self.hw.gpu_memory),
+                                          ("host", host > self.hw.host_memory)) if over]
         actor_world = self.world_of(cand, self.job.model("actor").group)
         times = {"rollout": self.rollout_s(cand, actor_world), "experience": self.experience_s(cand, actor_world),
                  "train": self.train_s(cand, actor_world)}
         total = sum(times.values())
-        samples = cand.train_gpus * self.wl.batch / total if total else 0.0
         if e.kind == "vllm" and e.colocate and self.vllm_capacity(e) == 0:
             limits.append("engine")  # its weights leave no room for one sequence's KV cache
-        return {"candidate": cand, "group": worst, "phases": phases, "peak": top, "need": int(need),
-                "world": world, "fits": not limits, "limits": limits, "host": int(host_total), "times": times,
-                "total_s": total, "samples_per_s": samples,
-                "rollout_tokens_per_s": cand.train_gpus * self.wl.batch * self.wl.new_tokens / times["rollout"]
-                if times["rollout"] else 0.0, "notes": notes}
+        tokens = cand.train_gpus * self.wl.batch * self.wl.new_tokens
+        return Arrangement(cand, worst, world, phases, int(needs[worst]), limits, host, times,
+                           cand.train_gpus * self.wl.batch / total if total else 0.0,
+                           tokens / times["rollout"] if times["rollout"] else 0.0, notes)
 
 
-def _slack(actor: Resolved, wl) -> int:
-    """What the caching allocator reserves beyond the allocated peak on the actor's generate (plan's replay of
-    the plain generate, as the single-model loop paths take it)."""
-    mem = allocated(plain_layout(1), actor.shape, wl)
-    res = reserved_for("plain", actor.shape, wl, Gather(world=1), mem.gpu_peak_bytes,
-                       params_numel(actor.shape.inventory))
-    return max(res - mem.gpu_peak_bytes, 0)
-
-
-def _merge(job: rl.RlJob, models: list, batch, prompt_len, new_tokens, train_batch, dtype, engine) -> rl.RlJob:
+def _merge(job: rl.RlJob, req: JobRequest) -> rl.RlJob:
     """Flags win over what the job file or launch line says."""
     job = dataclasses.replace(job, models=list(job.models))
-    for m in models or []:
+    models = [_actor_model(req.actor, req.config)] if req.actor is not None else []
+    models += [rl.parse_model_spec(role, spec) for role, spec in (("reference", req.ref), ("critic", req.critic),
+                                                                   ("reward", req.reward)) if spec is not None]
+    for m in models:
         job.models = [x for x in job.models if x.role != m.role] + [m]
     order = {r: i for i, r in enumerate(rl.ROLES)}
     job.models.sort(key=lambda m: order.get(m.role, 99))
-    for name, value in (("batch", batch), ("prompt_len", prompt_len), ("new_tokens", new_tokens),
-                        ("train_batch", train_batch), ("dtype", dtype)):
-        if value is not None:
-            setattr(job, name, value)
-    if engine is not None:
-        job.engine = engine
+    for name in ("batch", "prompt_len", "new_tokens", "train_batch", "dtype"):
+        if getattr(req, name) is not None:
+            setattr(job, name, getattr(req, name))
+    if req.engine is not None:
+        if req.engine not in rl.ENGINES:
+            raise InputError(f"--rollout {req.engine!r} is not one of {', '.join(rl.ENGINES)}")
+        job.engine = rl.Engine(req.engine)
     return job
 
 
-def plan_job(job=None, *, actor=None, ref=None, critic=None, reward=None, config=None, batch: int | None = None,
-             prompt_len: int | None = None, new_tokens: int | None = None, train_batch: int | None = None,
-             dtype: str | None = None, gpus: int | None = None, gpu_memory=None, host_memory=None,
-             h2d_bandwidth=None, gpu_name: str | None = None, counts: str = "auto", detect: bool = True,
-             machine=None, engine: str | None = None):
-    """Plan an RL job. ``job``: a job file or launch line (path), a dict in the job file's form, or an
-    ``RlJob``; the models may also be given (or overridden) one by one: ``actor`` a model directory,
-    config.json or size, ``ref``/``critic``/``reward`` ``MODEL[:opts]`` strings (``config/rl.py``
-    ``parse_model_spec``); ``config``: the actor's DeepSpeed config (its stage and offloads). Returns a
-    ``JobPlanResult`` (``loop_result.py``)."""
+def _read(job) -> rl.RlJob:
+    """The job as given: an ``RlJob``, a dict of the job file's form, a job file or launch line, or none."""
     if isinstance(job, rl.RlJob):
-        base = job
-    elif isinstance(job, dict):
-        base = rl.job_from_dict(job)
-    elif job is not None:
-        base = rl.read_job(job)
-    else:
-        base = rl.RlJob([])
-    models = []
-    if actor is not None:
-        models.append(_actor_model(actor, config))
-    for role, spec in (("reference", ref), ("critic", critic), ("reward", reward)):
-        if spec is not None:
-            models.append(rl.parse_model_spec(role, spec))
-    eng = rl.Engine(engine) if engine is not None else None
-    if engine is not None and engine not in rl.ENGINES:
-        raise InputError(f"--rollout {engine!r} is not one of {', '.join(rl.ENGINES)}")
-    job = _merge(base, models, batch, prompt_len, new_tokens, train_batch, dtype, eng)
-    model, slack, profile = _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect,
-                                   machine)
-    hw = model.hw
-    rows = [model.evaluate(c, slack) for c in candidates(job, hw.gpus)]
-    base_cand = given(job, hw.gpus)
-    base_row = model.evaluate(base_cand, slack) if base_cand is not None else None
-    return build_result(job, model.resolved, hw, model.wl, model.train_batch, rows, base_row,
-                        choose(rows, base_row), model.figures, profile)
+        return job
+    if isinstance(job, dict):
+        return rl.job_from_dict(job)
+    return rl.read_job(job) if job is not None else rl.RlJob([])
 
 
-def _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect, machine):
+def plan_job(job=None, **values) -> JobPlanResult:
+    """Plan an RL job: ``job`` and every value a field of ``JobRequest`` (``plan/request.py`` says what each
+    is), as plain values. Returns a ``JobPlanResult`` (``loop_result.py``)."""
+    return plan_job_request(JobRequest(job=job, **values))
+
+
+def plan_job_request(req: JobRequest) -> JobPlanResult:
+    """The plan a ``JobRequest`` asks for: every arrangement the job's framework allows, the fastest that fits."""
+    job = _merge(_read(req.job), req)
+    model, slack, profile = _setup(job, req)
+    rows = [model.evaluate(c, slack) for c in candidates(job, model.hw.gpus)]
+    base_cand = given(job, model.hw.gpus)
+    base = model.evaluate(base_cand, slack) if base_cand is not None else None
+    return build_result(job, model.resolved, model.hw, model.wl, model.train_batch, rows, base, choose(rows, base),
+                        model.figures, profile)
+
+
+def _setup(job: rl.RlJob, req: MachineRequest):
     """The resolved models, workload and machine of a job: (JobModel, allocator slack, machine profile)."""
     if job.model("actor") is None:
         raise InputError("an RL job needs an actor", hint="give --model DIR (the actor) or a job file with models.actor")
     cache: dict = {}
-    resolved = {m.role: resolve(m, counts, cache) for m in job.models}
-    spec = resolved["actor"].spec
-    wl = make_workload(job.batch or 1, job.prompt_len or 512, job.new_tokens or 128, job.dtype, spec.dtype)
-    hw = make_hardware(gpus if gpus is not None else job.gpus, gpu_memory, host_memory, h2d_bandwidth,
-                       gpu_name=gpu_name, detect=detect)
-    profile = resolve_profile(machine, detect)
-    figures = figures_for(hw, profile)
+    resolved = {m.role: resolve(m, req.counts, cache) for m in job.models}
+    wl = make_workload(job.batch or 1, job.prompt_len or 512, job.new_tokens or 128, job.dtype,
+                       resolved["actor"].spec.dtype)
+    hw = make_hardware(req.gpus if req.gpus is not None else job.gpus, req.gpu_memory, req.host_memory,
+                       req.h2d_bandwidth, gpu_name=req.gpu_name, detect=req.detect)
+    profile = resolve_profile(req.machine, req.detect)
     tb = job.train_batch or wl.batch
     if tb < 1:
         raise InputError("the training micro-batch must be >= 1")
-    model = JobModel(job, resolved, hw, figures, wl, tb)
+    model = JobModel(job, resolved, hw, figures_for(hw, profile), wl, tb)
     micro = max(model.experience_batch, min(tb, wl.batch))
-    slack = (_slack(resolved["actor"], wl), _slack(resolved["actor"], dataclasses.replace(wl, batch=micro)))
+    ctx = model.context("actor", 1)
+    slack = (allocator_slack(ctx, wl), allocator_slack(ctx, dataclasses.replace(wl, batch=micro)))
     return model, slack, profile
 
 
-def evaluate_arrangement(job: rl.RlJob, gpus: int | None = None, gpu_memory=None, host_memory=None,
-                         h2d_bandwidth=None, gpu_name: str | None = None, counts: str = "auto", detect: bool = True,
-                         machine=None) -> dict:
-    """The job exactly as given (every model's stage, the engine): its phases (``phases``, each with its
-    ``parts`` and ``total``), the peak phase (``peak``), what decides fits (``need``), seconds per phase
-    (``times``). What the GPU bench compares its measurements with."""
-    model, slack, _profile = _setup(job, gpus, gpu_memory, host_memory, h2d_bandwidth, gpu_name, counts, detect,
-                                    machine)
+def evaluate_arrangement(job: rl.RlJob, **machine) -> Arrangement:
+    """The job exactly as given (every model's stage, the engine) on the machine ``machine`` (the fields of
+    ``MachineRequest``): its phases, the peak phase, what decides fits, seconds per phase. What the GPU bench
+    compares its measurements with."""
+    model, slack, _profile = _setup(job, MachineRequest(**machine))
     cand = given(job, model.hw.gpus)
     if cand is None:
         raise InputError("every model of the job needs its ZeRO stage to evaluate it as given")
@@ -426,17 +392,16 @@ def _actor_model(actor, config) -> rl.RlModel:
     return m
 
 
-def choose(rows: list, base: dict | None) -> dict | None:
+def choose(rows: list, base: Arrangement | None) -> Arrangement | None:
     """The fastest fitting arrangement; within 5% of it, the one with the fewest changes (no code change
     first)."""
-    fitting = [r for r in rows if r["fits"]]
+    fitting = [r for r in rows if r.fits]
     if not fitting:
         return None
-    best = max(r["samples_per_s"] for r in fitting)
-    close = [r for r in fitting if r["samples_per_s"] >= (1 - CLOSE) * best]
-    base_cand = base["candidate"] if base else None
-    return min(close, key=lambda r: (r["candidate"].code_change, len(changes(r["candidate"], base_cand)),
-                                     -r["samples_per_s"]))
+    best = max(r.samples_per_s for r in fitting)
+    close = [r for r in fitting if r.samples_per_s >= (1 - CLOSE) * best]
+    base_cand = base.candidate if base else None
+    return min(close, key=lambda r: (r.candidate.code_change, len(changes(r.candidate, base_cand)), -r.samples_per_s))
 
 
 __all__ = ["Hold", "choose", "evaluate_arrangement", "plan_job"]

@@ -9,9 +9,9 @@ from dsdoctor.config.rl import ROLES
 from dsdoctor.findings import Finding, Phrase, sort_findings
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.plan import findings as plan_findings
-from dsdoctor.plan.loop_arrange import changes
+from dsdoctor.plan.loop_arrange import Candidate, changes, engine_label
 from dsdoctor.plan.loop_code import job_code, job_ds_configs
-from dsdoctor.plan.loop_memory import Hold, effective
+from dsdoctor.plan.loop_memory import Hold, Phase
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 
@@ -32,51 +32,69 @@ def part_label(key: str, lang: str) -> str:
 
 
 @dataclass
-class JobRow:
-    arrangement: str
-    holds: dict  # role -> hold label
-    engine: str
-    fits: bool
-    limits: list
-    gpu_peak_bytes: int  # allocated peak of the worst group's worst phase
-    gpu_need_bytes: int  # + allocator slack + CUDA context + NCCL: what decides fits
-    peak_at: str
-    phases: dict  # phase -> allocated bytes
-    breakdown: dict  # the peak phase's parts, adding up to gpu_peak_bytes
+class Arrangement:
+    """One arrangement of the job evaluated (``JobModel.evaluate``): on one GPU of the group that needs the most,
+    the phases of an iteration and what decides fits, and the seconds of an iteration per training GPU; the row
+    the result shows (``changes``: against the job as given; ``given``: it is the job as given)."""
+    candidate: Candidate
+    group: str
+    world: int  # the group's GPUs
+    phases: list  # loop_memory.Phase: rollout, experience, train; the peak is the largest
+    gpu_need_bytes: int  # the peak phase + allocator slack + CUDA context + NCCL: what decides fits
+    limits: list  # gpu, host, engine: what it does not fit
     host_peak_bytes: int
     seconds: dict  # rollout, experience, train
-    iteration_s: float
     samples_per_s: float
     rollout_tokens_per_s: float
-    changes: list = field(default_factory=list)  # (setting, from, to)
-    code_change: bool = False
-    given: bool = False
     notes: list = field(default_factory=list)
+    changes: list = field(default_factory=list)  # (setting, from, to)
+    given: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return not self.limits
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def gpu_peak_bytes(self) -> int:  # allocated peak of the worst group's worst phase
+        return self.peak.total
+
+    @property
+    def iteration_s(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def arrangement(self) -> str:
+        return label(self.candidate)[0]
+
+    @property
+    def holds(self) -> dict:  # role -> hold label
+        return label(self.candidate)[1]
+
+    @property
+    def engine(self) -> str:
+        return engine_label(self.candidate.engine)
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["changes"] = [{"setting": s, "from": a, "to": b} for s, a, b in self.changes]
-        d["iteration_s"] = round(self.iteration_s, 3)
-        d["samples_per_s"] = round(self.samples_per_s, 3)
-        d["rollout_tokens_per_s"] = round(self.rollout_tokens_per_s, 1)
-        d["seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
-        return d
+        return {"arrangement": self.arrangement, "holds": self.holds, "engine": self.engine,
+                "fits": self.fits, "limits": list(self.limits), "gpu_peak_bytes": self.gpu_peak_bytes,
+                "gpu_need_bytes": self.gpu_need_bytes, "peak_at": self.peak.name,
+                "phases": {p.name: p.total for p in self.phases}, "breakdown": dict(self.peak.parts),
+                "host_peak_bytes": self.host_peak_bytes, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "iteration_s": round(self.iteration_s, 3), "samples_per_s": round(self.samples_per_s, 3),
+                "rollout_tokens_per_s": round(self.rollout_tokens_per_s, 1),
+                "changes": [{"setting": s, "from": a, "to": b} for s, a, b in self.changes],
+                "code_change": self.candidate.code_change, "given": self.given, "notes": list(self.notes)}
 
 
 def label(cand) -> tuple[str, dict]:
     order = {r: i for i, r in enumerate(ROLES)}
     holds = {role: h.label for role, h in sorted(cand.holds.items(), key=lambda rh: order.get(rh[0], 99))}
-    text = ", ".join(f"{role} {h}" for role, h in holds.items()) + f"; {cand.engine.label}"
+    text = ", ".join(f"{role} {h}" for role, h in holds.items()) + f"; {engine_label(cand.engine)}"
     return text, holds
-
-
-def row_of(r: dict, base_cand, is_given: bool = False) -> JobRow:
-    cand = r["candidate"]
-    text, holds = label(cand)
-    return JobRow(text, holds, cand.engine.label, r["fits"], list(r["limits"]), r["peak"].total, r["need"],
-                  r["peak"].name, {p.name: p.total for p in r["phases"]}, dict(r["peak"].parts), r["host"],
-                  dict(r["times"]), r["total_s"], r["samples_per_s"], r["rollout_tokens_per_s"],
-                  [] if is_given else changes(cand, base_cand), cand.code_change, is_given, list(r["notes"]))
 
 
 @dataclass
@@ -99,8 +117,8 @@ class JobPlanResult:
     models: list  # one dict per model: role, source, params, how it was read, trainable, given hold
     workload: dict
     hardware: object
-    rows: list[JobRow]
-    given: JobRow | None
+    rows: list[Arrangement]
+    given: Arrangement | None
     recommended: JobRecommendation
     findings: list[Finding]
     assumptions: list
@@ -133,30 +151,29 @@ class JobPlanResult:
         for r in self.rows:
             mark = ("*" if r.arrangement == self.recommended.arrangement else "") + ("=" if r.given else "")
             rows.append((mark + r.arrangement, ok if r.fits else f"{no} " + ",".join(r.limits),
-                         human_bytes(r.gpu_need_bytes), pick(TEXT["phase " + r.peak_at], lang),
+                         human_bytes(r.gpu_need_bytes), pick(TEXT["phase " + r.peak.name], lang),
                          human_bytes(r.host_peak_bytes), f"{r.iteration_s:.1f}", f"{r.samples_per_s:.2f}",
                          f"{r.rollout_tokens_per_s:.0f}"))
         return rows
 
-    def _parts(self, r: JobRow, lang: str) -> str:
-        parts = sorted(r.breakdown.items(), key=lambda kv: -kv[1])
+    def _parts(self, r: Arrangement, lang: str) -> str:
+        parts = sorted(r.peak.parts.items(), key=lambda kv: -kv[1])
         return ", ".join(f"{part_label(k, lang)} {human_bytes(v)}" for k, v in parts)
 
     def _detail_lines(self, lang: str) -> list[str]:
         t = lambda k: pick(TEXT[k], lang)  # noqa: E731
-        out = []
-        shown = [r for r in (self.given, self._recommended_row()) if r is not None]
-        for r in dict.fromkeys(id(x) for x in shown):
-            row = next(x for x in shown if id(x) == r)
+        out, rec = [], self._recommended_row()
+        for row in [self.given] * (self.given is not None) + [rec] * (rec is not None and rec is not self.given):
             head = t("given") if row.given else t("recommended")
-            out.append(t("parts head").format(which=head, phase=t("phase " + row.peak_at),
+            out.append(t("parts head").format(which=head, phase=t("phase " + row.peak.name),
                                               peak=human_bytes(row.gpu_peak_bytes)))
             out.append("  " + self._parts(row, lang))
-            out.append("  " + t("phases").format(**{k: human_bytes(row.phases.get(k)) for k in
+            totals = {p.name: p.total for p in row.phases}
+            out.append("  " + t("phases").format(**{k: human_bytes(totals.get(k)) for k in
                                                    ("rollout", "experience", "train")}))
         return out
 
-    def _recommended_row(self) -> JobRow | None:
+    def _recommended_row(self) -> Arrangement | None:
         return next((r for r in self.rows if r.arrangement == self.recommended.arrangement), None)
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
@@ -206,93 +223,101 @@ def _show(v) -> str:
 
 def _shown(rows: list, chosen, base) -> list:
     """The given, the recommended, and per rollout engine the fastest that fits (else the smallest)."""
-    picked = []
-    if base is not None:
-        picked.append(base)
-    if chosen is not None:
-        picked.append(chosen)
+    picked = [r for r in (base, chosen) if r is not None]
     by_engine: dict = {}
     for r in rows:
-        by_engine.setdefault(r["candidate"].engine.label.split(" (")[0] + ("" if r["candidate"].engine.colocate
-                                                                           else " apart"), []).append(r)
+        engine = r.candidate.engine
+        by_engine.setdefault(engine_label(engine).split(" (")[0] + ("" if engine.colocate else " apart"), []).append(r)
     for group in by_engine.values():
-        fit = [r for r in group if r["fits"]]
-        picked.append(max(fit, key=lambda r: r["samples_per_s"]) if fit else min(group, key=lambda r: r["need"]))
+        fit = [r for r in group if r.fits]
+        picked.append(max(fit, key=lambda r: r.samples_per_s) if fit else min(group, key=lambda r: r.gpu_need_bytes))
     seen, out = set(), []
     for r in picked:  # one row per arrangement as DeepSpeed runs it (settings without effect fold together)
-        key = label(r["candidate"])[0]
-        if key not in seen:
-            seen.add(key)
+        if r.arrangement not in seen:
+            seen.add(r.arrangement)
             out.append(r)
-    return sorted(out[:SHOWN], key=lambda r: (not r["fits"], -r["samples_per_s"]))
+    return sorted(out[:SHOWN], key=lambda r: (not r.fits, -r.samples_per_s))
+
+
+def _recommendation(job, resolved, hw, wl, train_batch, base, chosen) -> tuple[JobRecommendation, float | None]:
+    """The recommendation of the chosen arrangement, and how much faster than the job as given it is."""
+    base_cand = base.candidate if base else None
+    ch = changes(chosen.candidate, base_cand)
+    same = base is not None and chosen.arrangement == base.arrangement
+    compared = base is not None and base.fits and not same  # faster than a job as given that runs
+    speedup = chosen.samples_per_s / base.samples_per_s if compared and base.samples_per_s else None
+    why = {lang: pick(TEXT["why"], lang).format(need=human_bytes(chosen.gpu_need_bytes),
+                                                capacity=human_bytes(hw.gpu_memory),
+                                                samples=f"{chosen.samples_per_s:.2f}",
+                                                rollout=f"{chosen.rollout_tokens_per_s:.0f}")
+           + (pick(TEXT["why faster"], lang).format(x=f"{speedup:.2f}") if speedup else "")
+           for lang in ("en", "zh")}
+    code = None if same and not ch else job_code(job, resolved, chosen.candidate, ch, wl.dtype, train_batch)
+    return JobRecommendation(chosen.arrangement, why, ch, code,
+                             job_ds_configs(job, chosen.candidate, wl.dtype, train_batch)), speedup
+
+
+def _findings(hw, base, chosen, smallest, rec: JobRecommendation, speedup, figures, profile) -> list[Finding]:
+    """DSD205 (what was assumed), DSD233 (nothing fits), DSD232 (a faster arrangement), DSD230 (as given it
+    does not fit)."""
+    found = plan_findings.config_findings([], None, None, None, hw, figures, profile)
+    capacity = human_bytes(hw.gpu_memory)
+    if chosen is None:
+        found.append(Finding("DSD233", {"need": human_bytes(smallest.gpu_need_bytes), "capacity": capacity,
+                                        "arrangement": smallest.arrangement, "phase": smallest.peak.name,
+                                        "parts": _top_parts(smallest), "gpus": hw.gpus}))
+    elif base is not None and rec.changes:
+        found.append(Finding("DSD232", {
+            "arrangement": rec.arrangement, "need": human_bytes(chosen.gpu_need_bytes), "capacity": capacity,
+            "samples": f"{chosen.samples_per_s:.2f}",
+            "than_given": Phrase("faster", {"x": f"{speedup:.2f}"}) if speedup else Phrase("given-unfit"),
+            "changes": change_text(rec.changes)}))
+    if base is not None and not base.fits:
+        fix = Phrase("fix-change", {"arrangement": rec.arrangement, "changes": change_text(rec.changes)}) \
+            if rec.arrangement else Phrase("fix-none")
+        found.append(Finding("DSD230", {"arrangement": base.arrangement, "need": human_bytes(base.gpu_need_bytes),
+                                        "capacity": capacity, "limits": ", ".join(base.limits),
+                                        "phase": base.peak.name, "parts": _top_parts(base), "fix": fix}))
+    return found
+
+
+ASSUMPTIONS = ["gather-once and the hybrid engine at plain generate speed (an upper bound: DeepSpeed's "
+               "unwrap_model_for_generation measured 0.34x plain on one H200, 1.5B; ab measures yours)",
+               "the caching allocator's reserve beyond the training step's allocated peak is not modelled "
+               "(one H200 reserved 1.26-1.35x it, BENCHMARKS.md): keep headroom or set "
+               "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
 
 
 def build_result(job, resolved, hw, wl, train_batch, rows, base, chosen, figures, profile) -> JobPlanResult:
     """The result of a job's plan: ``rows`` every arrangement evaluated, ``base`` the job as given (or None),
     ``chosen`` the recommended one (or None)."""
-    base_cand = base["candidate"] if base else None
     shown = _shown(rows, chosen, base)
-    table = [row_of(r, base_cand, is_given=(r is base)) for r in shown]
-    given_row = next((t for t, r in zip(table, shown) if r is base), None) if base else None
-    found = plan_findings.config_findings([], None, None, None, hw, figures, profile)
-    rec_row = next((t for t in table if chosen is not None and t.arrangement == label(chosen["candidate"])[0]), None)
-    if chosen is None:
-        smallest = min(rows, key=lambda r: r["need"])
-        s = row_of(smallest, base_cand)
-        found.append(Finding("DSD233", {"need": human_bytes(s.gpu_need_bytes), "capacity": human_bytes(hw.gpu_memory),
-                                        "arrangement": s.arrangement, "phase": s.peak_at,
-                                        "parts": _top_parts(s), "gpus": hw.gpus}))
-        rec = JobRecommendation(None, {}, [], None, {})
-    else:
-        ch = changes(chosen["candidate"], base_cand)
-        same = base is not None and label(chosen["candidate"])[0] == label(base_cand)[0]
-        speedup = chosen["samples_per_s"] / base["samples_per_s"] if base and base["fits"] and \
-            base["samples_per_s"] and not same else None
-        why = {lang: pick(TEXT["why"], lang).format(need=human_bytes(chosen["need"]),
-                                                    capacity=human_bytes(hw.gpu_memory),
-                                                    samples=f"{chosen['samples_per_s']:.2f}",
-                                                    rollout=f"{chosen['rollout_tokens_per_s']:.0f}")
-               + (pick(TEXT["why faster"], lang).format(x=f"{speedup:.2f}") if speedup else "")
-               for lang in ("en", "zh")}
-        code = None if same and base_cand is not None and not ch else \
-            job_code(job, resolved, chosen["candidate"], ch, wl.dtype, train_batch)
-        rec = JobRecommendation(rec_row.arrangement, why, ch, code,
-                                job_ds_configs(job, chosen["candidate"], wl.dtype, train_batch))
-        if base is not None and ch:
-            found.append(Finding("DSD232", {
-                "arrangement": rec_row.arrangement, "need": human_bytes(chosen["need"]),
-                "capacity": human_bytes(hw.gpu_memory), "samples": f"{chosen['samples_per_s']:.2f}",
-                "than_given": Phrase("faster", {"x": f"{speedup:.2f}"}) if speedup else Phrase("given-unfit"),
-                "changes": change_text(ch)}))
-    if base is not None and not base["fits"]:
-        g = given_row
-        fix = Phrase("fix-change", {"arrangement": rec.arrangement, "changes": change_text(rec.changes)}) \
-            if rec.arrangement else Phrase("fix-none")
-        found.append(Finding("DSD230", {"arrangement": g.arrangement, "need": human_bytes(g.gpu_need_bytes),
-                                        "capacity": human_bytes(hw.gpu_memory), "limits": ", ".join(g.limits),
-                                        "phase": g.peak_at, "parts": _top_parts(g), "fix": fix}))
+    for r in shown:
+        r.given = r is base
+        r.changes = [] if r.given else changes(r.candidate, base.candidate if base else None)
+    rec, speedup = JobRecommendation(None, {}, [], None, {}), None
+    if chosen is not None:
+        rec, speedup = _recommendation(job, resolved, hw, wl, train_batch, base, chosen)
+    smallest = min(rows, key=lambda r: r.gpu_need_bytes) if rows else None
+    found = _findings(hw, base, chosen, smallest, rec, speedup, figures, profile)
     models = [{"role": m.role, "source": resolved[m.role].source, "params": resolved[m.role].params,
                "how": resolved[m.role].how, "trainable": m.trainable,
-               "given": effective_given(m).label if effective_given(m) else None} for m in job.models]
-    assumptions = [f"CPU Adam {CPU_ADAM_ELEMENTS_PER_S:.0e} elements/s per rank",
-                   "gather-once and the hybrid engine at plain generate speed (an upper bound: DeepSpeed's "
-                   "unwrap_model_for_generation measured 0.34x plain on one H200, 1.5B; ab measures yours)",
-                   "the caching allocator's reserve beyond the training step's allocated peak is not modelled "
-                   "(one H200 reserved 1.26-1.35x it, BENCHMARKS.md): keep headroom or set "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] + list(job.notes)
+               "given": given_label(m)} for m in job.models]
+    assumptions = [f"CPU Adam {CPU_ADAM_ELEMENTS_PER_S:.0e} elements/s per rank", *ASSUMPTIONS, *job.notes]
     workload = {"batch": wl.batch, "prompt_len": wl.prompt_len, "new_tokens": wl.new_tokens, "dtype": wl.dtype,
                 "train_batch": train_batch}
-    jd = {"framework": job.framework, "source": job.source, "engine": job.engine.to_dict() if job.engine else None,
+    jd = {"framework": job.framework, "source": job.source, "engine": job.engine and job.engine.to_dict(),
           "gpus": hw.gpus}
-    return JobPlanResult(jd, models, workload, hw, table, given_row, rec, found, assumptions)
+    return JobPlanResult(jd, models, workload, hw, shown, base, rec, found, assumptions)  # base is always shown
 
 
-def effective_given(m):
+def given_label(m) -> str | None:
+    """How the job holds a model as given (None: it names no stage)."""
     if m.stage is None:
         return None
-    return effective(Hold(m.stage, m.offload_param, m.offload_optimizer), m.trainable)
+    return Hold(m.stage, m.offload_param, m.offload_optimizer).effective(m.trainable).label
 
 
-def _top_parts(row: JobRow, n: int = 3) -> str:
-    parts = sorted(row.breakdown.items(), key=lambda kv: -kv[1])[:n]
+def _top_parts(row: Arrangement, n: int = 3) -> str:
+    parts = sorted(row.peak.parts.items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{k} {human_bytes(v)}" for k, v in parts)

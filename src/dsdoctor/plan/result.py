@@ -1,7 +1,7 @@
 """The result of ``dsdoctor plan``: one serializable type shared by text, JSON, Markdown and the plots."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from dsdoctor.findings import Finding, sort_findings
 from dsdoctor.i18n import message_table, pick
@@ -55,23 +55,8 @@ class PathPlan:
     first_generate_tokens_per_s: float = 0.0  # tokens_per_s is the steady state (a repeated generate)
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name, "ranks": self.ranks, "replicas": self.replicas,
-            "gpu_peak_bytes": self.gpu_peak_bytes, "gpu_reserved_bytes": self.gpu_reserved_bytes,
-            "gpu_outside_allocator_bytes": self.gpu_outside_allocator_bytes,
-            "host_peak_bytes": self.host_peak_bytes, "fits": self.fits, "limits": self.limits,
-            "peak_at": self.peak_at, "tokens_per_s": round(self.tokens_per_s, 3),
-            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3), "bound": self.bound,
-            "breakdown": self.breakdown, "host_breakdown": self.host_breakdown,
-            "max_batch": self.max_batch, "max_prompt_len": self.max_prompt_len, "notes": self.notes,
-            "loading": self.loading, "host_file_bytes": self.host_file_bytes,
-            "loading_options": self.loading_options, "tp": self.tp,
-            "estimate": self.estimate,
-            "fragmentation_bytes": self.fragmentation_bytes, "speed_terms": self.speed_terms,
-            "verdict": self.verdict, "reserved_assumption": self.reserved_assumption,
-            "first_generate_extra_s": self.first_generate_extra_s,
-            "first_generate_tokens_per_s": self.first_generate_tokens_per_s,
-        }
+        return dict(asdict(self), tokens_per_s=round(self.tokens_per_s, 3),
+                    decode_tokens_per_s=round(self.decode_tokens_per_s, 3))
 
 
 @dataclass

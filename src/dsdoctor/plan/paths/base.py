@@ -132,7 +132,7 @@ def host_ahead(ctx: PlanContext, layout: Layout, reserved: int, without: int, he
 
 def assumption_moved(mem: PathMemory | None) -> PathMemory | None:
     """``mem`` with its host-ahead figures (``host_ahead``) moved with its reserved bytes, after these changed
-    past the replay (the loop's training state and step, ``loop.in_loop``; int4 shards): the assumption still
+    past the replay (the loop's training state and step, ``loop_memory.in_loop``; int4 shards): the assumption still
     adds what it added to the generate's replay, so the figure without it is the path's reserved less that."""
     alt = mem.reserved_assumption if mem is not None else None
     if alt and alt["reserved_with_bytes"] != mem.gpu_reserved_bytes:

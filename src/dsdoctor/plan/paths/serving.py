@@ -64,8 +64,10 @@ def _kv_bytes_per_token(shape, b: int, k: int) -> float:
     return sum(max(elems / k, per_head) for elems in shape.kv_elems_per_token) * b
 
 
-def engine_memory(engine: str, shape, wl: Workload, gpu_memory: int, k: int, context: int | None) -> dict:
-    """The engine's memory on one GPU of a K-GPU replica: its parts, the KV pool and what fits in it."""
+def engine_memory(engine: str, shape, wl: Workload, gpu_memory: int, k: int, context: int | None,
+                  share: float | None = None) -> dict:
+    """The engine's memory on one GPU of a K-GPU replica: its parts, the KV pool and what fits in it; ``share``:
+    vLLM's ``gpu_memory_utilization`` (default 0.9)."""
     b = wl.dtype_bytes
     weights = _shard_bytes(shape, b, k)
     tokens = min(wl.batch * k * wl.prompt_len, MAX_BATCHED_TOKENS)
@@ -74,7 +76,7 @@ def engine_memory(engine: str, shape, wl: Workload, gpu_memory: int, k: int, con
     logits = MAX_NUM_SEQS * shape.vocab * 4
     outside = (context if context is not None else CUDA_CONTEXT) + (NCCL_BUFFERS if k > 1 else 0)
     if engine == "vllm":
-        share = VLLM_UTILIZATION
+        share = share or VLLM_UTILIZATION
         pool = share * gpu_memory - outside - weights - act - logits - CUDA_GRAPHS
     else:
         share = SGLANG_STATIC

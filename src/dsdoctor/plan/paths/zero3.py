@@ -5,25 +5,19 @@
 The user's config: its stage-3 tuning (prefetch bucket, persistence threshold, max live parameters, max
 reuse distance) applies to every ZeRO-3 path; its optimizer and offload_param only to the path the config
 itself selects (that is what it would build). With ``--loop`` the actor trains on these paths: the
-training state and step are counted (``plan/loop.py``)."""
+training state and step are counted (``plan/loop_memory.py`` ``in_loop``), and the config and code are the
+training ones (``plan/loop_code.py``)."""
 from __future__ import annotations
 
 import json
 
+from dsdoctor.config.rl import Engine
 from dsdoctor.plan.loading import zero3_methods
-from dsdoctor.plan.loop import in_loop, training_code
+from dsdoctor.plan.loop_code import actor_config, actor_script, dtype_section
+from dsdoctor.plan.loop_memory import actor_costs, in_loop, knobs_hold
 from dsdoctor.plan.memory import Layout, zero3_gather
 from dsdoctor.plan.paths.base import TORCH_DTYPE, LayoutPath, assumption_moved
 from dsdoctor.plan.speed import StepTerms, estimate_speed
-
-
-def dtype_section(dtype: str) -> dict:
-    """The ds_config precision section for the run dtype (bf16 needs compute capability 8.0)."""
-    if dtype == "bf16":
-        return {"bf16": {"enabled": True}}
-    if dtype == "fp16":
-        return {"fp16": {"enabled": True}}
-    return {}
 
 
 def zero3_config(offload: str | None, knobs=None, dtype: str = "bf16") -> dict:
@@ -55,6 +49,9 @@ def zero3_code(model: str, gpus: int, dtype: str, cfg: dict) -> str:
             f"out = engine.module.generate(**inputs, max_new_tokens=N, synced_gpus=True)\n")
 
 
+LOOP_GENERATE = Engine("generate")  # the actor's rollouts in a loop: HF generate on the training module
+
+
 class Zero3(LayoutPath):
     name = "zero3"
     offload: str | None = None  # where offload_param puts the shards
@@ -75,7 +72,12 @@ class Zero3(LayoutPath):
 
     def memory(self, ctx, wl, ratio=None):
         mem = super().memory(ctx, wl, ratio)
-        return assumption_moved(in_loop(mem, ctx.shape, wl, self.knobs(ctx))) if ctx.loop else mem
+        if not ctx.loop:
+            return mem
+        knobs = self.knobs(ctx)
+        layout = self.layout(ctx.hw.gpus, knobs)
+        hold = knobs_hold(3, knobs, offload_param=self.offload is not None)
+        return assumption_moved(in_loop(mem, actor_costs(ctx, lambda _hold: layout), hold, wl))
 
     def loading_methods(self, ctx, mem):
         return zero3_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, ctx.weights)
@@ -87,11 +89,12 @@ class Zero3(LayoutPath):
         return estimate_speed(ctx.shape, ctx.wl, ctx.figures, self.terms(ctx, mem))
 
     def ds_config(self, ctx):
-        return zero3_config(self.offload, ctx.knobs, ctx.run_dtype)
+        cfg = zero3_config(self.offload, ctx.knobs, ctx.run_dtype)
+        return actor_config(cfg["zero_optimization"], ctx.knobs, ctx.run_dtype, ctx.wl.batch) if ctx.loop else cfg
 
     def code(self, ctx, row):
         if ctx.loop:
-            return training_code(self.name, ctx.model, ctx.hw.gpus, ctx.run_dtype)
+            return actor_script(self.ds_config(ctx), ctx.model, LOOP_GENERATE, ctx.hw.gpus, ctx.run_dtype)
         return zero3_code(ctx.model, ctx.hw.gpus, ctx.run_dtype, self.ds_config(ctx))
 
 
