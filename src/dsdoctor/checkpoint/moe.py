@@ -1,0 +1,165 @@
+"""The two layouts of a mixture-of-experts model's expert weights, and the conversion between them.
+
+fused (transformers 5's modules): <p>.experts.gate_up_proj [E, 2I, H] (expert e's gate rows, then its up rows) and
+  <p>.experts.down_proj [E, H, I].
+per-expert (transformers 4.x's modules, and what 5's save_pretrained writes back, save_original_format):
+  <p>.experts.<e>.gate_proj.weight [I, H], .up_proj.weight [I, H], .down_proj.weight [H, I]; Mixtral names them
+  w1 / w3 / w2 under <layer>.block_sparse_moe (5: <layer>.mlp).
+transformers 5.24's conversion_mapping.py fuses per-expert checkpoints on load for the model types in FAMILIES (its
+"qwen2_moe" and "mixtral" patterns: MergeModulelist(dim=0) then Concatenate(dim=1)); 4.x loads only per-expert.
+A conversion is a list of element ranges of the source tensors, flattened: no data is touched to plan it.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from dsdoctor.errors import InputError
+
+QWEN2 = ("mlp", "gate_proj", "up_proj", "down_proj")
+FAMILIES = {**dict.fromkeys(("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "deepseek_v2", "deepseek_v3",
+                             "glm4_moe", "dots1", "hunyuan_v1_moe", "qwen3_next"), QWEN2),
+            "mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "minimax": ("block_sparse_moe", "w1", "w3", "w2")}
+LAYOUTS = ("per-expert", "fused")
+FUSED = re.compile(r"^(.+)\.experts\.(gate_up_proj|down_proj)$")
+PER_EXPERT = re.compile(r"^(.+)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+
+
+def layout_of(names) -> str | None:
+    """'fused', 'per-expert', or None (no expert tensors)."""
+    for name in names:
+        if FUSED.match(name):
+            return "fused"
+        if PER_EXPERT.match(name):
+            return "per-expert"
+    return None
+
+
+def conversion(shapes: dict[str, tuple], model_type, want: str) -> dict | None:
+    """{output name: (shape, [(source name, first element, count), ...])} for every tensor, expert weights in the
+    ``want`` layout; None when there is nothing to convert (no experts, already ``want``, a family not in FAMILIES)."""
+    have = layout_of(shapes)
+    style = FAMILIES.get(model_type)
+    if style is None or have is None or have == want or want not in LAYOUTS:
+        return None
+    block, gate, up, down = style
+    out: dict = {}
+    old = (".mlp.", f".{block}.") if have == "fused" else (f".{block}.", ".mlp.")  # Mixtral's block renamed
+    groups: dict[tuple, dict[int, str]] = {}
+    for name, shape in shapes.items():
+        m = (FUSED if have == "fused" else PER_EXPERT).match(name)
+        if m is None:
+            out[name] = (shape, [(name, 0, math.prod(shape))])
+        elif have == "fused":
+            _split(out, name, shape, m[1], m[2] == "gate_up_proj", (gate, up, down))
+        else:
+            groups.setdefault((m[1], m[3]), {})[int(m[2])] = name
+    for (prefix, proj), experts in groups.items():
+        if proj == up and (prefix, gate) not in groups:
+            raise InputError(f"{prefix} has up projections but no gate projections: cannot fuse them")
+        if proj in (gate, down):
+            _join(out, shapes, prefix, experts, groups.get((prefix, up)) if proj == gate else None, proj == gate)
+    return {name.replace(old[0], old[1]): value for name, value in out.items()}
+
+
+def _split(out: dict, name: str, shape: tuple, prefix: str, gate_up: bool, names: tuple) -> None:
+    if len(shape) != 3 or (gate_up and shape[1] % 2):
+        raise InputError(f"expert tensor {name} has shape {list(shape)}, not [experts, rows, columns]"
+                         + (" with an even number of rows (gate and up)" if gate_up else ""))
+    experts, rows, cols = shape
+    parts = [(names[0], 0), (names[1], rows // 2)] if gate_up else [(names[2], 0)]
+    rows = rows // 2 if gate_up else rows
+    for e in range(experts):
+        for proj, first in parts:
+            out[f"{prefix}.experts.{e}.{proj}.weight"] = ((rows, cols), [(name, (e * shape[1] + first) * cols,
+                                                                          rows * cols)])
+
+
+def _join(out: dict, shapes: dict, prefix: str, experts: dict, ups: dict | None, gate_up: bool) -> None:
+    first = shapes[experts[min(experts)]]
+    want = [experts, ups] if gate_up else [experts]
+    if any(sorted(d or {}) != list(range(len(experts))) for d in want) or \
+            any(shapes[n] != first for d in want for n in d.values()):
+        raise InputError(f"the experts of {prefix} are not all there with one shape (experts "
+                         f"{sorted(experts)}, up projections {sorted(ups or {})}): cannot fuse them")
+    ranges = [(d[e], 0, math.prod(first)) for e in range(len(experts)) for d in want]
+    rows = first[0] * (2 if gate_up else 1)
+    out[f"{prefix}.experts.{'gate_up_proj' if gate_up else 'down_proj'}"] = ((len(experts), rows, first[1]), ranges)
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A stored tensor seen in the other layout (verify's reference): ranges of stored tensors, read when loaded."""
+    dtype: str
+    shape: tuple
+    parts: tuple  # (weights.Entry, first element, count), ...
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def load(self):
+        import torch
+
+        from dsdoctor.checkpoint.weights import load_tensor
+
+        return torch.cat([load_tensor(e).reshape(-1)[a:a + n] for e, a, n in self.parts]).reshape(self.shape)
+
+
+def entries_in(entries: dict, model_type, want) -> dict:
+    """Stored tensors (weights.Entry) with the expert weights seen in ``want`` (None: as stored)."""
+    plan = conversion({n: tuple(e.shape) for n, e in entries.items()}, model_type, want)
+    if plan is None:
+        return entries
+    return {name: Joined(entries[ranges[0][0]].dtype, shape, tuple((entries[s], a, n) for s, a, n in ranges))
+            for name, (shape, ranges) in plan.items()}
+
+
+def convert_tensors(tensors: dict, model_type, want: str) -> dict:
+    """The same conversion on tensors in memory (verify's logits)."""
+    import torch
+
+    plan = conversion({n: tuple(t.shape) for n, t in tensors.items()}, model_type, want)
+    if plan is None:
+        return tensors
+    return {name: torch.cat([tensors[src].reshape(-1)[a:a + n] for src, a, n in ranges]).reshape(shape)
+            for name, (shape, ranges) in plan.items()}
+
+
+def plan_layout(keyed: list, model_type, want: str = "auto") -> tuple[list, dict | None]:
+    """merge's (name, TensorPlan) pairs with the expert weights in ``want`` ('auto': per-expert for a model type
+    transformers converts, which every release loads; else as saved), and what was written (None: no experts)."""
+    from dataclasses import replace
+
+    from dsdoctor.checkpoint.pieces import slice_pieces
+    from dsdoctor.config.versions import TRANSFORMERS_FUSED_EXPERTS, installed, version_tuple
+
+    have = layout_of(name for name, _ in keyed)
+    if have is None:
+        return keyed, None
+    want = ("per-expert" if model_type in FAMILIES else have) if want == "auto" else want
+    release = installed("transformers")
+    if want == "fused" and (version_tuple(release) or TRANSFORMERS_FUSED_EXPERTS) < TRANSFORMERS_FUSED_EXPERTS:
+        raise InputError(f"--expert-layout fused: transformers {release} loads only per-expert weights (fused "
+                         "expert tensors came with transformers 5)")
+    plans = dict(keyed)
+    plan = conversion({name: t.shape for name, t in keyed}, model_type, want)
+    if plan is None and want != have:
+        raise InputError(f"--expert-layout {want}: no known conversion of {have} expert weights for model_type "
+                         f"{model_type!r} (known: {', '.join(sorted(FAMILIES))})")
+    info = {"layout": want, "saved": have, "family": model_type, "transformers": release or "-",
+            "example": next(n for n in (plan or plans) if layout_of([n]))}
+    if plan is None:
+        return keyed, info
+    out = []
+    for name, (shape, ranges) in plan.items():
+        src = plans[ranges[0][0]]
+        if len(ranges) == 1 and shape == src.shape:
+            out.append((name, src if name == src.name else replace(src, name=name)))
+        elif any(plans[s].compute is not None for s, _, _ in ranges):
+            raise InputError(f"{name}: a LoRA update folded into expert weights cannot change layout; pass "
+                             f"--expert-layout {have}")
+        else:
+            pieces = [p for s, first, n in ranges for p in slice_pieces(plans[s].pieces, first, n)]
+            out.append((name, replace(src, name=name, shape=shape, pieces=pieces)))
+    return out, info
