@@ -22,6 +22,7 @@ FAMILIES = {**dict.fromkeys(("qwen2_moe", "qwen3_moe", "olmoe", "flex_olmo", "de
                              "glm4_moe", "dots1", "hunyuan_v1_moe", "qwen3_next"), QWEN2),
             "mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "minimax": ("block_sparse_moe", "w1", "w3", "w2")}
 LAYOUTS = ("per-expert", "fused")
+MAX_EXPERTS = 4096  # per layer; the largest open models have 512: a crafted shape must not make millions of names
 FUSED = re.compile(r"^(.+)\.experts\.(gate_up_proj|down_proj)$")
 PER_EXPERT = re.compile(r"^(.+)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 
@@ -64,8 +65,9 @@ def conversion(shapes: dict[str, tuple], model_type, want: str) -> dict | None:
 
 
 def _split(out: dict, name: str, shape: tuple, prefix: str, gate_up: bool, names: tuple) -> None:
-    if len(shape) != 3 or (gate_up and shape[1] % 2):
-        raise InputError(f"expert tensor {name} has shape {list(shape)}, not [experts, rows, columns]"
+    if len(shape) != 3 or (gate_up and shape[1] % 2) or shape[0] > MAX_EXPERTS:
+        raise InputError(f"expert tensor {name} has shape {list(shape)}, not [experts (at most {MAX_EXPERTS}), rows, "
+                         "columns]"
                          + (" with an even number of rows (gate and up)" if gate_up else ""))
     experts, rows, cols = shape
     parts = [(names[0], 0), (names[1], rows // 2)] if gate_up else [(names[2], 0)]
