@@ -209,6 +209,7 @@ def test_expert_layout_refusals(tmp_path, monkeypatch):
     # a model type transformers does not convert: kept as saved by default, refused when asked to convert
     kept = merge(base / "ckpt", tmp_path / "kept", model=tmp_path / "other", progress=False)
     assert kept.experts["layout"] == "fused" and moe.layout_of(read_merged(tmp_path / "kept")) == "fused"
+    assert "fused as saved (model.layers.0.mlp.experts.gate_up_proj): model_type my_moe is not one" in kept.to_text()
     proc = run_cli("merge", base / "ckpt", tmp_path / "o", "--model", tmp_path / "other", "--expert-layout",
                    "per-expert", "--quiet")
     assert proc.returncode == 2 and "no known conversion of fused expert weights for model_type 'my_moe'" in \

@@ -100,7 +100,8 @@ class MergeResult:
         if self.lora:
             rows.append(("LoRA", t("lora " + self.lora["output"]).format(**self.lora)))
         if self.experts:
-            rows.append((t("experts"), t("experts " + self.experts["layout"]).format(**self.experts)
+            known = self.experts["family"] in moe.FAMILIES
+            rows.append((t("experts"), t("experts " + (self.experts["layout"] if known else "as saved")).format(**self.experts)
                          + (t("experts converted").format(**self.experts)
                             if self.experts["saved"] != self.experts["layout"] else "")))
         return rows + [
