@@ -86,11 +86,11 @@ def test_conversion_both_ways_equals_transformers_save_and_load(family):
     fused = {n: t.detach() for n, t in model.state_dict().items()}
     saved = revert_weight_conversion(model, dict(fused))
     model_type = model.config.model_type
-    per_expert = moe.convert_tensors(fused, model_type, "per-expert")
+    per_expert = moe.convert(fused, model_type, "per-expert", moe.cat)
     assert moe.layout_of(fused) == "fused" and moe.layout_of(per_expert) == "per-expert"
     assert set(per_expert) == set(saved) and len(per_expert) > len(fused)
     assert all(torch.equal(per_expert[n], saved[n]) for n in saved)
-    back = moe.convert_tensors(saved, model_type, "fused")
+    back = moe.convert(saved, model_type, "fused", moe.cat)
     assert set(back) == set(fused) and all(torch.equal(back[n], fused[n]) for n in fused)
     v4 = moe_models.build(family, "per-expert").state_dict()
     assert {n: tuple(t.shape) for n, t in v4.items()} == {n: tuple(t.shape) for n, t in saved.items()}

@@ -90,50 +90,45 @@ def _join(out: dict, shapes: dict, prefix: str, experts: dict, ups: dict | None,
     out[f"{prefix}.experts.{'gate_up_proj' if gate_up else 'down_proj'}"] = ((len(experts), rows, first[1]), ranges)
 
 
+def convert(items: dict, model_type, want, join) -> dict:
+    """``items`` (tensors, stored entries, merge plans: anything with a shape) with the expert weights in ``want``;
+    each output is ``join(name, shape, [(item, first element, count), ...])``."""
+    plan = conversion({n: tuple(t.shape) for n, t in items.items()}, model_type, want)
+    if plan is None:
+        return items
+    return {name: join(name, shape, [(items[s], a, n) for s, a, n in ranges]) for name, (shape, ranges) in plan.items()}
+
+
+def cat(name, shape, parts):
+    """Tensors in memory joined (verify's logits)."""
+    import torch
+
+    return torch.cat([t.reshape(-1)[a:a + n] for t, a, n in parts]).reshape(shape)
+
+
 @dataclass(frozen=True)
 class Joined:
     """A stored tensor seen in the other layout (verify's reference): ranges of stored tensors, read when loaded."""
-    dtype: str
+    name: str
     shape: tuple
-    parts: tuple  # (weights.Entry, first element, count), ...
+    parts: list  # (weights.Entry, first element, count), ...
+
+    @property
+    def dtype(self) -> str:
+        return self.parts[0][0].dtype
 
     def numel(self) -> int:
         return math.prod(self.shape)
 
     def load(self):
-        import torch
-
         from dsdoctor.checkpoint.weights import load_tensor
 
-        return torch.cat([load_tensor(e).reshape(-1)[a:a + n] for e, a, n in self.parts]).reshape(self.shape)
-
-
-def entries_in(entries: dict, model_type, want) -> dict:
-    """Stored tensors (weights.Entry) with the expert weights seen in ``want`` (None: as stored)."""
-    plan = conversion({n: tuple(e.shape) for n, e in entries.items()}, model_type, want)
-    if plan is None:
-        return entries
-    return {name: Joined(entries[ranges[0][0]].dtype, shape, tuple((entries[s], a, n) for s, a, n in ranges))
-            for name, (shape, ranges) in plan.items()}
-
-
-def convert_tensors(tensors: dict, model_type, want: str) -> dict:
-    """The same conversion on tensors in memory (verify's logits)."""
-    import torch
-
-    plan = conversion({n: tuple(t.shape) for n, t in tensors.items()}, model_type, want)
-    if plan is None:
-        return tensors
-    return {name: torch.cat([tensors[src].reshape(-1)[a:a + n] for src, a, n in ranges]).reshape(shape)
-            for name, (shape, ranges) in plan.items()}
+        return cat(self.name, self.shape, [(load_tensor(e), a, n) for e, a, n in self.parts])
 
 
 def plan_layout(keyed: list, model_type, want: str = "auto") -> tuple[list, dict | None]:
     """merge's (name, TensorPlan) pairs with the expert weights in ``want`` ('auto': per-expert for a model type
     transformers converts, which every release loads; else as saved), and what was written (None: no experts)."""
-    from dataclasses import replace
-
-    from dsdoctor.checkpoint.pieces import slice_pieces
     from dsdoctor.config.versions import TRANSFORMERS_FUSED_EXPERTS, installed, version_tuple
 
     have = layout_of(name for name, _ in keyed)
@@ -145,23 +140,25 @@ def plan_layout(keyed: list, model_type, want: str = "auto") -> tuple[list, dict
         raise InputError(f"--expert-layout fused: transformers {release} loads only per-expert weights (fused "
                          "expert tensors came with transformers 5)")
     plans = dict(keyed)
-    plan = conversion({name: t.shape for name, t in keyed}, model_type, want)
-    if plan is None and want != have:
+    out = convert(plans, model_type, want, _pieces)
+    if out is plans and want != have:
         raise InputError(f"--expert-layout {want}: no known conversion of {have} expert weights for model_type "
                          f"{model_type!r} (known: {', '.join(sorted(FAMILIES))})")
     info = {"layout": want, "saved": have, "family": model_type, "transformers": release or "-",
-            "example": next(n for n in (plan or plans) if layout_of([n]))}
-    if plan is None:
-        return keyed, info
-    out = []
-    for name, (shape, ranges) in plan.items():
-        src = plans[ranges[0][0]]
-        if len(ranges) == 1 and shape == src.shape:
-            out.append((name, src if name == src.name else replace(src, name=name)))
-        elif any(plans[s].compute is not None for s, _, _ in ranges):
-            raise InputError(f"{name}: a LoRA update folded into expert weights cannot change layout; pass "
-                             f"--expert-layout {have}")
-        else:
-            pieces = [p for s, first, n in ranges for p in slice_pieces(plans[s].pieces, first, n)]
-            out.append((name, replace(src, name=name, shape=shape, pieces=pieces)))
-    return out, info
+            "example": next(n for n in out if layout_of([n]))}
+    return list(out.items()), info
+
+
+def _pieces(name: str, shape: tuple, parts: list):
+    """A merge plan (pieces.TensorPlan) of the byte ranges of ``parts``."""
+    from dataclasses import replace
+
+    from dsdoctor.checkpoint.pieces import slice_pieces
+
+    src = parts[0][0]
+    if len(parts) == 1 and shape == src.shape:
+        return replace(src, name=name)  # a tensor renamed, or not even that (a folded LoRA update keeps its compute)
+    if any(t.compute is not None for t, _, _ in parts):
+        raise InputError(f"{name}: a LoRA update folded into expert weights cannot change layout; give "
+                         "--expert-layout the checkpoint's own layout")
+    return replace(src, name=name, shape=shape, pieces=[p for t, a, n in parts for p in slice_pieces(t.pieces, a, n)])

@@ -259,7 +259,7 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
                     findings.append(Finding("DSD407", {"names": f"{present[0]} / {other}", "max_diff": f"{diff:.3g}"}))
 
     if reference is not None:
-        ref = moe.entries_in(index_weights(reference), config.model_type, moe.layout_of(weights))
+        ref = moe.convert(index_weights(reference), config.model_type, moe.layout_of(weights), moe.Joined)
         _compare_reference(result, findings, weights, ref, tied_of)
         if logits and not any(f.code in ("DSD401", "DSD403", "DSD404", "DSD420") for f in findings):
             _compare_logits(result, findings, config, weights, ref)
@@ -435,8 +435,8 @@ def _compare_reference(result, findings, weights: dict, ref: dict, tied_of):
 def _load_into(model, weights: dict):
     import torch
 
-    sd = moe.convert_tensors({n: _load(e) for n, e in weights.items()}, model.config.model_type,
-                             moe.layout_of(model.state_dict()))
+    sd = moe.convert({n: _load(e) for n, e in weights.items()}, model.config.model_type,
+                     moe.layout_of(model.state_dict()), moe.cat)
     with torch.no_grad():
         model.load_state_dict(sd, strict=False)
     model.tie_weights()
