@@ -28,6 +28,8 @@ from tests.helpers import ROOT, deepspeed_env, deepspeed_launch, run_process
 MAKER = ROOT / "tests" / "scripts" / "make_zero_checkpoints.py"
 AUTOTP_MAKER = ROOT / "tests" / "scripts" / "make_autotp_checkpoints.py"
 LORA_MAKER = ROOT / "tests" / "scripts" / "make_lora_checkpoint.py"
+MOE_MAKER = ROOT / "tests" / "scripts" / "make_moe_checkpoints.py"
+MOE_NAMES = ("qwen3_moe-fused", "mixtral-fused", "olmoe-fused", "qwen3_moe-per-expert", "mixtral-per-expert", "dsmoe")
 BUDGET_S = 900  # all launches of one maker together; below pytest-timeout's limit per test (pyproject.toml)
 
 
@@ -118,6 +120,16 @@ def lora_checkpoint(base: Path) -> None:
     base/dora/ and base/embedding/ the same for DoRA (+ modules_to_save) and LoRA on the embedding (one launch)."""
     res = _launch(LORA_MAKER, str(base), "lora", "dora", "embedding", nprocs=2, deadline=time.monotonic() + BUDGET_S)
     assert "MAKE_LORA_CHECKPOINT_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+@once
+@shared("moe-checkpoints")
+def moe_checkpoints(base: Path) -> None:
+    """base/<family>-<layout>/{ckpt,model} for each of MOE_NAMES but the last: tiny Qwen3-MoE, Mixtral and OLMoE
+    trained under ZeRO-3 on 2 ranks, with transformers 5's fused experts and 4.x's per-expert modules
+    (tests/scripts/moe_models.py); base/dsmoe/ckpt: a DeepSpeed-MoE layer (expert files per rank) under ZeRO-2."""
+    res = _launch(MOE_MAKER, str(base), *MOE_NAMES, nprocs=2, deadline=time.monotonic() + BUDGET_S)
+    assert "MAKE_MOE_CHECKPOINTS_OK" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
 
 
 @once

@@ -121,7 +121,8 @@ ALLOWED = {
     "dsdoctor.config": FOUNDATION | {"dsdoctor.model"},
     "dsdoctor.calibrate": FOUNDATION | READING,
     "dsdoctor.plan": FOUNDATION | READING | {"dsdoctor.calibrate"},
-    "dsdoctor.checkpoint": FOUNDATION | {"dsdoctor.model"},  # verify builds the model from its config.json
+    # verify builds the model from its config.json; merge asks config/versions.py for the installed transformers
+    "dsdoctor.checkpoint": FOUNDATION | READING,
     "dsdoctor.compare": FOUNDATION | {"dsdoctor.model", "dsdoctor.checkpoint"},  # an adapter read as merge reads it
     "dsdoctor.trace": FOUNDATION | READING | {"dsdoctor.calibrate", "dsdoctor.plan"},
     "dsdoctor.envinfo": FOUNDATION | {"dsdoctor.config"},

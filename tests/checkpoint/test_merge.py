@@ -199,7 +199,8 @@ def test_tensor_parallel_checkpoint_is_refused_with_the_reason(tmp_path):
 def test_mixture_of_experts_checkpoint_is_refused(tmp_path):
     ckpt = copy_checkpoint(zero_checkpoints() / "w2" / "zero3", tmp_path / "ckpt")
     (_tag(ckpt) / "layer_0_expert_0_mp_rank_00_model_states.pt").write_bytes(b"")
-    assert "mixture-of-experts checkpoint (layer_0_expert_0_mp_rank_00_model_states.pt)" in _fails(ckpt, tmp_path / "o")
+    assert "DeepSpeed-MoE checkpoint (deepspeed.moe expert files such as layer_0_expert_0_mp_rank_00_model_states.pt" \
+        in _fails(ckpt, tmp_path / "o")
 
 
 def test_checkpoint_without_optimizer_states(tmp_path):

@@ -164,9 +164,9 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR09
             model12[(0, int(m.group(1)))] = p
         elif EXPERT_RE.match(p.name):
             raise InputError(
-                f"mixture-of-experts checkpoint ({p.name}): expert parameters are saved per expert-parallel rank "
-                "outside the ZeRO partitions; dsdoctor (like zero_to_fp32) does not merge them yet, and a merge "
-                "without them would silently lack every expert", path=tag_dir)
+                f"a DeepSpeed-MoE checkpoint (deepspeed.moe expert files such as {p.name}, saved per expert-parallel "
+                "rank outside the ZeRO partitions): dsdoctor does not merge this format (zero_to_fp32 fails on it "
+                "too), and a merge without those files would lack every expert", path=tag_dir)
     if not optim and (model3 or model12) and (tag_dir / "zero").is_dir():
         return _universal_layout(root, tag, tag_dir, model3 or model12)
     if not optim:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.checkpoint import lora
+from dsdoctor.checkpoint import lora, moe
 from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import plan_checkpoint
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
@@ -67,12 +67,13 @@ class MergeResult:
     tensor_parallel: int = 1  # AutoTP ranks; world_size counts the data-parallel (ZeRO) ranks of each
     source: str = "zero"  # zero | universal (ds_to_universal's folder)
     lora: dict | None = None  # {"output": "adapter"|"merged", "adapter", "layers", "scaling", "config"}
+    experts: dict | None = None  # MoE: {"layout" written, "saved" (the checkpoint's), "family", "transformers", "example"}
 
     def to_dict(self, lang: str = "en") -> dict:
         return {
             "checkpoint": self.checkpoint, "tag": self.tag, "zero_stage": self.zero_stage,
             "world_size": self.world_size, "tensor_parallel": self.tensor_parallel, "source": self.source,
-            "lora": self.lora, "ds_version": self.ds_version, "out_dir": self.out_dir,
+            "lora": self.lora, "experts": self.experts, "ds_version": self.ds_version, "out_dir": self.out_dir,
             "dtype": self.dtype, "tensors": self.tensors, "parameters": self.parameters, "frozen": self.frozen,
             "buffers": self.buffers, "bytes_written": self.bytes_written, "shards": self.shards,
             "tied": self.tied, "tied_stored_once": self.tied_stored_once, "copied_files": self.copied_files,
@@ -98,6 +99,11 @@ class MergeResult:
         ]
         if self.lora:
             rows.append(("LoRA", t("lora " + self.lora["output"]).format(**self.lora)))
+        if self.experts:
+            known = self.experts["family"] in moe.FAMILIES
+            rows.append((t("experts"), t("experts " + (self.experts["layout"] if known else "as saved")).format(**self.experts)
+                         + (t("experts converted").format(**self.experts)
+                            if self.experts["saved"] != self.experts["layout"] else "")))
         return rows + [
             (t("written"), t("written value").format(out=self.out_dir, shards=len(self.shards),
                                                      size=human_bytes(self.bytes_written), dtype=self.dtype)),
@@ -193,12 +199,13 @@ def _progress(total: int, enabled: bool):
 
 def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",  # noqa: C901,PLR0912,PLR0915
           model=None, force: bool = False, progress: bool = True, merge_lora: bool = False,
-          adapter_config=None) -> MergeResult:
+          adapter_config=None, expert_layout: str = "auto") -> MergeResult:
     """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``.
 
     A PEFT LoRA checkpoint becomes a PEFT adapter (``adapter_model.safetensors`` + the run's
     ``adapter_config.json``, found beside the checkpoint or given as ``adapter_config``), or with
-    ``merge_lora`` the base model's weights with every LoRA update folded in."""
+    ``merge_lora`` the base model's weights with every LoRA update folded in. A mixture-of-experts model's expert
+    weights are written in ``expert_layout`` (moe.plan_layout; 'auto': per-expert, which every transformers loads)."""
     started = time.perf_counter()
     if dtype not in DTYPES:
         raise InputError(f"--dtype must be one of fp32, bf16, fp16, not {dtype!r}")
@@ -217,6 +224,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     adapter_out = lora_info is not None and lora_info["output"] == "adapter"
     # a config.json that is a link out of its folder is neither read nor copied (DSD415 below says so)
     cfg = {} if cfg_dir is None or model_file_problem(cfg_dir / "config.json", cfg_dir) else _read_config(cfg_dir)
+    keyed, experts = (keyed, None) if adapter_out else moe.plan_layout(keyed, cfg.get("model_type"), expert_layout)
 
     findings: list[Finding] = []
     tensors = [OutTensor(key, t, output_dtype(t, out_dtype)) for key, t in keyed]
@@ -268,7 +276,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
             metadata = {"format": "pt", "dsdoctor": {
                 "source": str(layout.tag_dir), "zero_stage": plan.stage, "world_size": plan.world_size,
                 "tensor_parallel": plan.tp_size, "dtype": out_dtype, "tied_weights": aliases,
-                "tied_stored_once": stored_once and bool(aliases), "lora": lora_info,
+                "tied_stored_once": stored_once and bool(aliases), "lora": lora_info, "experts": experts,
             }}
             shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
                                            on_bytes=(bar.update if bar is not None else lambda n: None),
@@ -295,7 +303,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         buffers=sum(1 for _, t in keyed if t.kind == "buffer"),
         bytes_written=written, shards=shards, tied=dict(aliases), tied_stored_once=stored_once and bool(aliases),
         copied_files=copied, seconds=time.perf_counter() - started, findings=findings,
-        tensor_parallel=plan.tp_size, source=plan.source, lora=lora_info,
+        tensor_parallel=plan.tp_size, source=plan.source, lora=lora_info, experts=experts,
     )
 
 

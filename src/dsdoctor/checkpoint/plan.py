@@ -28,6 +28,11 @@ def read_states(layout: Layout) -> States:
     for p, sd in zip(layout.model_files, model):
         if not isinstance(sd, dict) or "buffer_names" not in sd:
             raise InputError("not a DeepSpeed model-states file (no buffer_names)", path=p)
+        if sd.get("ds_autoep_layers") or sd.get("autoep_layers"):
+            raise InputError("a DeepSpeed AutoEP ZeRO-3 checkpoint (ds_autoep_layers): its expert parameters are "
+                             "partitioned over expert replica groups, not over all ranks, so a data-parallel merge "
+                             "would be wrong; dsdoctor (like zero_to_fp32) does not merge this format", path=p,
+                             hint="DeepSpeed's ds_to_universal.py converts it expert by expert")
         if not sd.get("param_shapes"):
             raise InputError("no param_shapes: saved without an optimizer, so the flat partitions cannot be "
                              "mapped back to parameters", path=p)

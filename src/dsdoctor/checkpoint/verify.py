@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.checkpoint import lora
+from dsdoctor.checkpoint import lora, moe
 from dsdoctor.checkpoint.layout import checkpoint_near
 from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
@@ -212,6 +212,7 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
     expected, tied = expected_tensors(meta)
     parameters = {n for n, _ in meta.named_parameters(remove_duplicate=False)}
     del meta
+    expected, parameters = _as_stored(expected, parameters, config, weights)
 
     findings: list[Finding] = []
     result = VerifyResult(out_dir=str(out_dir), model=str(model), reference=str(reference) if reference else None,
@@ -258,7 +259,7 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
                     findings.append(Finding("DSD407", {"names": f"{present[0]} / {other}", "max_diff": f"{diff:.3g}"}))
 
     if reference is not None:
-        ref = index_weights(reference)
+        ref = moe.convert(index_weights(reference), config.model_type, moe.layout_of(weights), moe.Joined)
         _compare_reference(result, findings, weights, ref, tied_of)
         if logits and not any(f.code in ("DSD401", "DSD403", "DSD404", "DSD420") for f in findings):
             _compare_logits(result, findings, config, weights, ref)
@@ -274,6 +275,15 @@ def _meta(config, model):
 
         raise InputError(f"cannot build the model from its config: {type(exc).__name__}: {library_error(exc)}",
                          path=model) from None
+
+
+def _as_stored(expected: dict, parameters: set, config, weights: dict) -> tuple[dict, set]:
+    """The model's tensors and parameters named as the weights store them: a mixture-of-experts model's expert
+    weights fused or one per expert (moe.py), whichever the weights hold."""
+    plan = moe.conversion(expected, config.model_type, moe.layout_of(weights))
+    if plan is None:
+        return expected, parameters
+    return {n: shape for n, (shape, _) in plan.items()}, {n for n, (_, r) in plan.items() if r[0][0] in parameters}
 
 
 def _base_name(name: str) -> str:
@@ -322,7 +332,7 @@ def _dtype_and_values(findings, config, weights: dict, parameters: set) -> None:
 
 # ---- tensors either on disk (Entry) or in memory (a folded adapter) ------------------------------------------
 def _load(e):
-    return load_tensor(e) if isinstance(e, Entry) else e
+    return load_tensor(e) if isinstance(e, Entry) else e.load() if isinstance(e, moe.Joined) else e
 
 
 def _dtype(e) -> str:
@@ -425,7 +435,8 @@ def _compare_reference(result, findings, weights: dict, ref: dict, tied_of):
 def _load_into(model, weights: dict):
     import torch
 
-    sd = {n: _load(e) for n, e in weights.items()}
+    sd = moe.convert({n: _load(e) for n, e in weights.items()}, model.config.model_type,
+                     moe.layout_of(model.state_dict()), moe.cat)
     with torch.no_grad():
         model.load_state_dict(sd, strict=False)
     model.tie_weights()

@@ -35,6 +35,10 @@ def register(sub):
                         "PEFT adapter, adapter_model.safetensors + adapter_config.json)")
     p.add_argument("--adapter-config", metavar="FILE",
                    help="the run's adapter_config.json (default: found in the tag, checkpoint or parent directory)")
+    p.add_argument("--expert-layout", choices=("auto", "per-expert", "fused"), default="auto",
+                   help="mixture-of-experts weights: per-expert (experts.N.gate_proj..., transformers 4 and 5 load it; "
+                        "5 fuses on load) or fused (experts.gate_up_proj, 5 only); auto: per-expert where transformers "
+                        "converts the model type, else as saved")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
     add_quiet_flag(p, "no progress bar")
     add_output_flags(p)
@@ -48,6 +52,6 @@ def run(args) -> int:
         log(f"dsdoctor: merging {args.ckpt_dir} -> {args.out_dir}")
     result = merge(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype, max_shard_size=args.max_shard_size,
                    model=args.model, force=args.force, progress=not args.quiet,
-                   merge_lora=args.merge_lora, adapter_config=args.adapter_config)
+                   merge_lora=args.merge_lora, adapter_config=args.adapter_config, expert_layout=args.expert_layout)
     emit(result, args)
     return exit_code(result.findings, args.fail_on)

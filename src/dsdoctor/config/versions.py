@@ -19,6 +19,7 @@ DEEPSPEED_PIN_FALSE_BEFORE = (0, 19, 4)  # releases up to and including 0.19.3 s
 # How from_pretrained loads a checkpoint (read in each release's modeling_utils.py; plan/loading.py uses them):
 TRANSFORMERS_META_LOAD = (4, 51, 0)  # 4.50.0 still defaults low_cpu_mem_usage to False without a device_map (a full
 # CPU copy of every weight per process); 4.51.0 pops the argument ("Not used anymore") and always builds on meta
+TRANSFORMERS_FUSED_EXPERTS = (5, 0, 0)  # MoE experts as fused 3-D tensors (4.x: one module per expert)
 TRANSFORMERS_DTYPE_KWARG = (4, 56, 0)  # from_pretrained(dtype=...); before it the keyword is torch_dtype
 TRANSFORMERS_ZERO3_RANK0_READS = (5, 0, 0)  # under ZeRO-3 only rank 0 reads checkpoint tensors; 4.x: every rank
 # calls load_state_dict(shard, map_location="cpu") for safetensors shards, one shard at a time
