@@ -18,7 +18,6 @@ from importlib import resources
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.config.load import load_config
 from dsdoctor.dtypes import normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, exit_code, sort_findings
@@ -661,6 +660,12 @@ def _no_config_reason(captured: Captured | None) -> dict[str, str]:
     return SKIPPED["no config"]
 
 
+def _load(config):
+    from dsdoctor.config.load import load_config
+
+    return load_config(config)
+
+
 def _given_sources(command, config, model) -> tuple:
     """(config, model, sources) before anything runs: the bundled example when nothing is given; bad input ends."""
     if command is None and config is None and model is None:
@@ -714,10 +719,10 @@ def _captured_config(config, loaded, captured: Captured, sources: dict) -> tuple
     if config is None and captured.config is None and _handed_zero(captured.init_inference_config):
         config = captured.init_inference_config  # a ZeRO section init_inference ignores: check and split it
         sources["config"] = "captured from deepspeed.init_inference: a zero section it ignores"
-        return config, load_config(config)
+        return config, _load(config)
     if config is None and captured.config is not None:
         try:
-            loaded = load_config(captured.config_file() or captured.config)
+            loaded = _load(captured.config_file() or captured.config)
             config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
         except InputError as exc:  # the run's config is beyond reading: report the run without it
             captured.unreadable = exc.problem
@@ -821,7 +826,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
     config, model, sources = _given_sources(command, config, model)
     out = Path(out)
     # read once: check, plan and split share it (and its effective readings); a captured one is read below
-    loaded = load_config(config) if config is not None else None
+    loaded = _load(config) if config is not None else None
     with door.atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         if model is not None and command:
             # plan before running anything: bad workload flags must fail before the user's command has run
