@@ -120,7 +120,7 @@ def test_without_a_model_the_way_out_is_the_variant_ab_measured(tmp_path):
     sources = {"model": "the run built no model dsdoctor could read", "dtype": "the model's config.json",
                "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)"}
     inputs = Inputs(str(TRAIN), load_config(str(TRAIN)), None, 2, None, (1, 512, 128, "defaults"), sources)
-    step = _measured_exit(ab, inputs, None, tmp_path, tmp_path / "out")
+    step = _measured_exit(ab, inputs, tmp_path, tmp_path / "out")
     assert step.status == "done" and step.data["measured"] == "plain"
     written = json.loads((tmp_path / "ds_plain.json").read_text())
     assert written == step.data["config"] and written["zero_optimization"]["stage"] == 0

@@ -580,13 +580,10 @@ class Captured:
 
 
 FLAGS = {  # what a command's own flags say, as inference scripts spell them
-    "model": ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path",
-              "--model_dir", "--model-dir"),
-    "batch": ("--batch", "--batch-size", "--batch_size"),
-    "prompt_len": ("--prompt-len", "--prompt_len", "--prompt-length", "--input-len", "--input_len"),
-    "new_tokens": ("--new-tokens", "--new_tokens", "--max-new-tokens", "--max_new_tokens", "--output-len",
-                   "--output_len"),
-    "dtype": ("--dtype", "--torch-dtype", "--torch_dtype"),
+    "model": ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path"),
+    "batch": ("--batch", "--batch-size", "--batch_size"), "dtype": ("--dtype", "--torch-dtype", "--torch_dtype"),
+    "prompt_len": ("--prompt-len", "--prompt_len", "--input-len", "--input_len"),
+    "new_tokens": ("--new-tokens", "--new_tokens", "--max-new-tokens", "--max_new_tokens"),
 }
 
 
@@ -772,15 +769,13 @@ def _inputs(config, loaded, model, gpus, dtype, given: tuple, run: Run | None, s
 
 
 def _dtype(dtype, captured: Captured | None, from_run: bool) -> tuple:
+    """The dtype and where it came from: the flag, the run's weights, the command's --dtype, else config.json."""
+    flagged = normalize_dtype(captured.flags["dtype"]) if captured is not None and captured.flags.get("dtype") else None
     if dtype is not None:
         return dtype, "given"
     if captured is not None and from_run and captured.dtype:
         return captured.dtype, f"{captured.dtype}, {captured.model_from}"
-    flagged = normalize_dtype(captured.flags.get("dtype")) if captured is not None and captured.flags.get("dtype") \
-        else None
-    if flagged:
-        return flagged, f"{flagged}, from the command line"
-    return None, "the model's config.json"
+    return flagged, (f"{flagged}, from the command line" if flagged else "the model's config.json")
 
 
 def _plan_or_skip(inputs: Inputs, gpu_memory, host_memory, tmp: Path, lang, machine, captured) -> tuple:
@@ -873,19 +868,18 @@ def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, hos
         steps.append(_skipped("ab", SKIPPED["no gpu" if command else "no command"], commands=[shell]))
     path = plan_result.recommended.path if plan_result is not None else None
     current = _current(check_result, captured)
-    split_config = split_step.data.get("config")
     if plan_result is not None:
         merged, merge_findings = None, []
         if checkpoint and (path is None or not path.startswith("zero3")):
             merged, merge_findings = _merge(checkpoint, inputs.model, tmp, lang)
         shown = out / "model" if captured is not None and inputs.model == captured.model_dir else inputs.model
         exit_step = _exit_step(path, plan_result, shown, checkpoint, out, inputs.gpus, merged, tmp,
-                               split_config=split_config, traced_stage=captured.stage if captured else None,
+                               split_config=split_step.data.get("config"), traced_stage=captured.stage if captured else None,
                                current=current)
         exit_step.findings += merge_findings
         exit_step.summary = _with_inputs(exit_step.summary, inputs.sources)
     else:
-        exit_step = _measured_exit(run.ab_result if run else None, inputs, split_config, tmp, out)
+        exit_step = _measured_exit(run.ab_result if run else None, inputs, tmp, out)
     steps.append(exit_step)
     return steps, plan_result, path, current
 
@@ -899,29 +893,24 @@ def _split_or_skip(inputs: Inputs, check_result, captured, tmp: Path, out: Path,
     return _skipped("split", _no_config_reason(captured))
 
 
-def _measured_exit(ab_result, inputs: Inputs, split_config: dict | None, tmp: Path, out: Path) -> Step:
+def _measured_exit(ab_result, inputs: Inputs, tmp: Path, out: Path) -> Step:
     """Step 5 without a plan: the variant ab measured as the fix (DSD316), its config written beside the report."""
     fix = ab_result.diagnosis if ab_result is not None else None
     if fix is None or fix.code != "DSD316":
         return _skipped("exit", SKIPPED["no plan"])
+    from dsdoctor.trace.variants import apply_variant
+
     name = str(fix.values["variant"])
     variant = next(v for v in ab_result.variants if v.name == name)
     n = inputs.gpus or (variant.shape or {}).get("world_size") or 1
-    cmds, artifacts, cfg = [], [], None
-    if inputs.loaded is not None:
-        from dsdoctor.trace.variants import apply_variant
-
-        cfg = split_config if name == "split" and split_config is not None else \
-            apply_variant(name, inputs.loaded.raw)
-        file = "ds_inference.json" if cfg is split_config else f"ds_{name}.json"
-        if cfg is not split_config:
-            door.write_new(tmp / file, to_json(cfg))
-            artifacts.append(file)
-        cmds.append(f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / file))}")
+    cfg = apply_variant(name, inputs.loaded.raw) if inputs.loaded is not None else None
+    if cfg is not None:
+        door.write_new(tmp / f"ds_{name}.json", to_json(cfg))
+    cmds = [f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / f'ds_{name}.json'))}"]
     summary = fill(SUMMARY["measured way out"], variant=name, fix={x: fix.fix(x) for x in LANGS},
                    tps=f"{variant.tokens_per_s:.1f}" if variant.tokens_per_s else "-")
-    return Step("exit", "done", _with_inputs(summary, inputs.sources), commands=cmds, artifacts=artifacts,
-                data={"path": None, "measured": name, "config": cfg, "code": None})
+    return Step("exit", "done", _with_inputs(summary, inputs.sources), commands=cmds if cfg else [],
+                artifacts=[f"ds_{name}.json"] if cfg else [], data={"path": None, "measured": name, "config": cfg})
 
 
 def _max_positions(model) -> int | None:
