@@ -27,7 +27,8 @@ def test_diagnose_bundled_example_writes_one_self_contained_report(tmp_path):
     assert (out / "report.md").read_text().startswith("# dsdoctor diagnosis")
     assert "**bundled example**" in (out / "report.md").read_text()  # never mistaken for the user's setup
     assert data["sources"] == {"config": "bundled example", "model": "bundled example",
-                               "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)"}
+                               "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)",
+                               "dtype": "the model's config.json"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"]
 
 

@@ -113,3 +113,83 @@ def test_encoder_decoder_run_is_not_planned_as_a_decoder(tmp_path):
     plan = next(s for s in data["steps"] if s["step"] == "need-zero3")
     assert plan["status"] == "skipped" and "encoder-decoder" in plan["summary"]
     assert data["sources"]["workload"] == "batch 3, prompt 20 tokens, 5 new tokens (from the run)"
+
+
+# ms-swift's swift/llm/ds_config/zero3_offload.json (a public training config, "auto" everywhere the HF Trainer
+# fills in): passed unchanged to an inference script, the run dies at load
+SWIFT_ZERO3_OFFLOAD = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": "auto"}},
+    "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "none", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True, "contiguous_gradients": True,
+        "sub_group_size": 1e9, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": False,
+}
+
+
+def _tiny_model_dir(path: Path) -> Path:
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from tiny_models import LLAMA
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(dict(LLAMA, architectures=["LlamaForCausalLM"])))
+    return path
+
+
+@pytest.mark.deepspeed
+def test_a_run_that_dies_at_load_still_ends_with_a_way_out(tmp_path):
+    """The unchanged script builds its model under HfDeepSpeedConfig with ms-swift's zero3_offload.json: zero.Init
+    raises on the "auto" batch size before any model exists, and the run never generates. ab (run because the run
+    failed, on CPU ranks too) finds that split runs; its trace says the model, dtype and workload (batch 4,
+    prompt 24, 8 new tokens, as the command said), so step 2 plans and step 5 gives the way out with its code,
+    each saying where its inputs came from."""
+    (tmp_path / "zero3_offload.json").write_text(json.dumps(SWIFT_ZERO3_OFFLOAD))
+    model = _tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "d"
+    r, data = _diagnose(out, sys.executable, SCRIPTS / "infer_flags.py", "--config", tmp_path / "zero3_offload.json",
+                        "--model", model, "--batch", "4", "--prompt-len", "24", "--new-tokens", "8", "--hf",
+                        env=deepspeed_env())
+    assert data is not None, r.stderr[-3000:]
+    steps = {s["step"]: s for s in data["steps"] if not (s["step"] == "effective" and "trace" in s["data"])}
+    traced = next(s for s in data["steps"] if s["step"] == "effective" and "trace" in s["data"])
+    assert traced["data"]["trace"]["status"] == "error"  # died at load: no model, no generate
+    assert not traced["data"]["trace"]["ranks"][0]["model_captured"]
+    assert steps["ab"]["status"] == "done" and data["findings"]
+    fix = next(f for f in data["findings"] if f["code"] == "DSD316")
+    assert fix["message"].startswith("split runs where as-is raised TypeError"), fix["message"]
+    assert data["sources"]["model"].startswith("captured from ab's variant split: LlamaForCausalLM")
+    assert data["sources"]["workload"] == "batch 4, prompt 24 tokens, 8 new tokens (from ab's variant split)"
+    plan = steps["need-zero3"]
+    assert plan["status"] == "done", plan["summary"]
+    assert "Inputs: model captured from ab's variant split" in plan["summary"]
+    assert plan["data"]["inputs"]["workload"].startswith("batch 4, prompt 24 tokens, 8 new tokens")
+    way_out = steps["exit"]
+    assert way_out["status"] == "done" and way_out["data"]["path"] == data["recommended_path"] == "plain"
+    assert "from_pretrained" in way_out["data"]["code"] and "Inputs: model" in way_out["summary"]
+    summary = data["summary"]
+    assert summary["before"]["path"] == "as-is (measured)" and summary["before"]["fits"] is False
+    assert summary["after"]["path"] == "plain" and summary["actions"]
+    assert "split runs where as-is raised TypeError" in summary["verdict"]
+
+
+def test_the_commands_own_flags_say_the_model_and_workload():
+    from dsdoctor.diagnose import _workload, command_flags
+
+    cmd = ["deepspeed", "--num_gpus", "2", "infer.py", "--model_name_or_path=/m", "--batch-size", "4",
+           "--max_new_tokens", "32", "--prompt-len", "1024", "--dtype", "bf16", "--batch", "x"]
+    flags = command_flags(cmd)
+    assert flags == {"model": "/m", "model flag": "--model_name_or_path", "batch": 4, "new_tokens": 32,
+                     "prompt_len": 1024, "dtype": "bf16"}
+    assert _workload(None, None, None, [(None, "the run"), (flags, "the command line")]) == \
+        (4, 1024, 32, "from the command line")
+    assert _workload(2, None, None, [({"batch": 3, "prompt_len": 5}, "the run"), (flags, "the command line")])[3] \
+        == "batch given, prompt from the run, new tokens from the command line"

@@ -100,3 +100,37 @@ def test_init_inference_configs_are_diagnosed(tmp_path, kind):
         written = json.loads((out / "ds_inference.json").read_text())
         assert written["zero_optimization"]["stage"] == 3 and "zero" not in written and "args" not in written
     assert (out / "report.html").is_file() and steps["exit"].status == "done"
+
+
+def test_without_a_model_the_way_out_is_the_variant_ab_measured(tmp_path):
+    """A failed run whose model nothing says (no variant generated, no --model anywhere): step 5 still answers,
+    with the variant ab measured as the fix, its config written beside the report, and the summary says it."""
+    from dsdoctor.config.load import load_config
+    from dsdoctor.diagnose import Inputs, _actions, _measured_exit
+    from dsdoctor.report.summary import before_after
+    from dsdoctor.trace.diagnose_ab import AbResult, VariantResult
+    from dsdoctor.trace.diagnose_ab import diagnose as ab_diagnose
+
+    failed = VariantResult("as-is", "as-is", "error", None, 400 * 2**20, None, 5.0, 1, "cpu", optimizer="AdamW",
+                           config_source=str(TRAIN))
+    failed.endings = [{"kind": "exception", "phase": "init", "rank": 0, "detail": "TypeError: x", "signal": None,
+                       "exit_code": 1, "evidence": None}]
+    ran = VariantResult("plain", "plain", "ok", None, 300 * 2**20, 40.0, 5.0, 0, None, tokens_per_s_kind="first")
+    ab = AbResult(["python", "infer.py"], [failed, ran], ab_diagnose([failed, ran]))
+    sources = {"model": "the run built no model dsdoctor could read", "dtype": "the model's config.json",
+               "workload": "batch 1, prompt 512 tokens, 128 new tokens (defaults)"}
+    inputs = Inputs(str(TRAIN), load_config(str(TRAIN)), None, 2, None, (1, 512, 128, "defaults"), sources)
+    step = _measured_exit(ab, inputs, tmp_path, tmp_path / "out")
+    assert step.status == "done" and step.data["measured"] == "plain"
+    written = json.loads((tmp_path / "ds_plain.json").read_text())
+    assert written == step.data["config"] and written["zero_optimization"]["stage"] == 0
+    assert "optimizer" not in written
+    assert step.commands == [f"deepspeed --num_gpus 2 your_infer.py --deepspeed_config {tmp_path / 'out'}/ds_plain.json"]
+    assert "variant `plain` runs (40.0 tokens/s)" in step.summary["en"] and "Inputs: model the run built no" in \
+        step.summary["en"] and step.summary["zh"]
+    action = _actions(step, None, None, ["python", "infer.py"], ab, None)[0]
+    assert "ab's variant `plain`" in action.title["en"] and action.commands == step.commands
+    before, after = before_after(None, None, None, ab)
+    assert before["path"] == "as-is (measured)" and not before["fits"]
+    assert after == {"path": "plain (measured)", "gpu_peak_bytes": None, "host_peak_bytes": 300 * 2**20,
+                     "tokens_per_s": 40.0, "fits": True}

@@ -24,7 +24,7 @@ from dsdoctor.findings import Finding, Phrase, exit_code, sort_findings
 from dsdoctor.i18n import LANGS, fill, message_table, pick
 from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, without_findings, write_report
 from dsdoctor.report.summary import TEXT as SUMMARY_TEXT
-from dsdoctor.report.summary import Action, Summary, path_figures
+from dsdoctor.report.summary import Action, Summary, before_after
 from dsdoctor.report.summary import verdict as summary_verdict
 from dsdoctor.units import human_bytes
 
@@ -405,7 +405,7 @@ def _summary(steps: list[Step], plan_result, path, current, traced, ab_result, c
                            plan_result=plan_result, path=path, current=current)
     exit_step = next((s for s in steps if s.key == "exit"), None)
     return Summary(text, _actions(exit_step, plan_result, path, command, ab_result, checkpoint),
-                   path_figures(plan_result, current) if current != path else None, path_figures(plan_result, path))
+                   *before_after(plan_result, path, current, ab_result))
 
 
 def _failed_run(run) -> tuple | None:
@@ -431,7 +431,9 @@ def _actions(exit_step: Step | None, plan_result, path, command, ab_result, chec
     out = []
     if shard_cmds:
         out.append(Action(SUMMARY_TEXT["act-shards"], shard_cmds))
-    if path is None or path == "plain":
+    if exit_step.data.get("measured"):
+        out.append(Action(fill(SUMMARY_TEXT["act-measured"], variant=exit_step.data["measured"]), launch))
+    elif path is None or path == "plain":
         out.append(Action(SUMMARY_TEXT["act-plain"], launch))
     elif path.startswith("tp"):
         chosen = plan_result.path(path) if plan_result is not None else None
@@ -485,6 +487,10 @@ class Captured:
     stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
     encoder_decoder: bool = False
     unreadable: str | None = None  # why the captured config could not be read, when it could not
+    model_from: str = "from the run"  # or "from ab's variant NAME": the trace that recorded model and workload
+    variant_workload: dict | None = None  # the workload of ab's variant that ran, when the run never generated
+    variant: str | None = None
+    flags: dict = field(default_factory=dict)  # what the command's own flags say (``command_flags``)
 
     @classmethod
     def from_trace(cls, traced, tmp: Path) -> Captured:
@@ -525,6 +531,33 @@ class Captured:
             door.write_new(tmp / "ds_config_captured.json", to_json(c.config))
         return c
 
+    def add_variant(self, ab_result, tmp: Path) -> None:
+        """What the run never reached, from the variant of ab that ran (the fix ab names first): the model it
+        built (its config.json), its dtype and the workload it generated with."""
+        ran = [v for v in (ab_result.variants if ab_result is not None else []) if v.status == "ok" and v.shape]
+        fix = ab_result.diagnosis if ab_result is not None else None
+        named = str(fix.values.get("variant")) if fix is not None and fix.code == "DSD316" else None
+        v = next((v for v in ran if v.name == named), ran[0] if ran else None)
+        if v is None:
+            return
+        self.variant, shape = v.name, v.shape
+        self.variant_workload = {k: shape.get(k) for k in ("batch", "prompt_len", "new_tokens")}
+        if self.model_dir is None and isinstance(shape.get("model_config"), dict):
+            saved = dict(shape["model_config"])
+            if not (saved.get("torch_dtype") or saved.get("dtype")) and shape.get("dtype"):
+                saved["torch_dtype"] = shape["dtype"]
+            directory = door.make_dir(tmp / "model")
+            door.write_new(directory / "config.json", to_json(saved))
+            self.model_dir, self.model_from = directory, f"from ab's variant {v.name}"
+            self.model_class = (saved.get("architectures") or [None])[0]
+            self.dtype = self.dtype or normalize_dtype(str(shape.get("dtype")))
+        self.world_size = self.world_size or shape.get("world_size")
+
+    def workloads(self) -> list[tuple]:
+        """The workloads the run says, in order: (dict, where it came from)."""
+        return [(self.workload, "the run"), (self.variant_workload, f"ab's variant {self.variant}"),
+                (self.flags, "the command line")]
+
     def config_file(self) -> str | None:
         """The file the run read its config from, when it still says what the run passed (checks then name it)."""
         src = self.config_source
@@ -543,7 +576,36 @@ class Captured:
 
     def model_text(self) -> str:
         n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
-        return f"captured from the run: {self.model_class or 'model'}, {n}"
+        return f"captured {self.model_from}: {self.model_class or 'model'}, {n}"
+
+
+FLAGS = {  # what a command's own flags say, as inference scripts spell them
+    "model": ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path"),
+    "batch": ("--batch", "--batch-size", "--batch_size"), "dtype": ("--dtype", "--torch-dtype", "--torch_dtype"),
+    "prompt_len": ("--prompt-len", "--prompt_len", "--input-len", "--input_len"),
+    "new_tokens": ("--new-tokens", "--new_tokens", "--max-new-tokens", "--max_new_tokens"),
+}
+
+
+def command_flags(command: list[str]) -> dict:
+    """{"model", "batch", "prompt_len", "new_tokens", "dtype"} as the command's flags give them (``--batch 4`` or
+    ``--batch=4``); numbers as ints, the model's flag kept to say where it came from."""
+    out: dict = {}
+    args = [str(a) for a in command]
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        key = next((k for k, names in FLAGS.items() if flag in names), None)
+        if key is None or not value or key in out:
+            continue
+        if key in ("model", "dtype"):
+            out[key] = value
+            if key == "model":
+                out["model flag"] = flag
+        elif value.isdigit() and int(value) > 0:
+            out[key] = int(value)
+    return out
 
 
 def _handed_zero(cfg: dict | None) -> bool:
@@ -569,13 +631,15 @@ def _unreadable_model(directory: Path) -> str | None:
     return None
 
 
-def _workload_value(given, captured: dict | None, key: str) -> tuple[int, str]:
-    """A workload number and where it came from: the flag, the traced generate, or the default."""
+def _workload_value(given, found: list[tuple], key: str) -> tuple[int, str]:
+    """A workload number and where it came from: the flag, what the run says (``found``: (dict, where) in order:
+    the traced generate, ab's variant that ran, the command's flags), or the default."""
     if given is not None:
         return given, "given"
-    value = (captured or {}).get(key)
-    if isinstance(value, int) and value > 0:
-        return value, "captured"
+    for values, where in found:
+        value = (values or {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value, where
     return DEFAULT_WORKLOAD[key], "default"
 
 
@@ -593,7 +657,154 @@ def _no_config_reason(captured: Captured | None) -> dict[str, str]:
     return SKIPPED["no config"]
 
 
-def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,  # noqa: C901,PLR0912,PLR0915
+def _load(config):
+    from dsdoctor.config.load import load_config
+
+    return load_config(config)
+
+
+def _given_sources(command, config, model) -> tuple:
+    """(config, model, sources) before anything runs: the bundled example when nothing is given; bad input ends."""
+    if command is None and config is None and model is None:
+        config, model = bundled_example()
+        return config, model, {"config": "bundled example", "model": "bundled example"}
+    if command is None and config is None:
+        raise InputError("diagnose needs --config (the DeepSpeed config your inference uses), or your command "
+                         "after -- to capture it from the run")
+    if command is None and model is None:
+        raise InputError("diagnose needs --model (a local model directory or its config.json), or your command "
+                         "after -- to capture it from the run")
+    return config, model, {}
+
+
+@dataclass
+class Inputs:
+    """What the steps plan and check with, each with where it came from (``sources``)."""
+    config: object
+    loaded: object
+    model: object
+    gpus: int | None
+    dtype: str | None
+    workload: tuple
+    sources: dict
+
+
+@dataclass
+class Run:
+    """What running the user's command gave: its trace and what it handed over, and ab when it ran."""
+    captured: Captured
+    trace_step: Step
+    traced: object
+    ab_step: Step | None = None
+    ab_result: object = None
+
+
+def _run_command(command, tmp: Path, timeout, lang, out: Path) -> Run:
+    """Trace the command; run ab when there is a GPU, or when the run failed (a failed run is evidence: ab finds
+    the variant that runs, and that variant's trace says the model and workload the failed run never reached)."""
+    trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
+    run = Run(Captured.from_trace(traced, tmp), trace_step, traced)
+    if _cuda_available() or traced.status != "ok":
+        run.ab_step, run.ab_result = _step_ab(command, tmp, timeout, lang)
+        run.captured.add_variant(run.ab_result, tmp)
+    run.captured.flags = command_flags(command)
+    return run
+
+
+def _captured_config(config, loaded, captured: Captured, sources: dict) -> tuple:
+    """The config to check: the one given, else what the run handed to DeepSpeed."""
+    if config is None and captured.config is None and _handed_zero(captured.init_inference_config):
+        config = captured.init_inference_config  # a ZeRO section init_inference ignores: check and split it
+        sources["config"] = "captured from deepspeed.init_inference: a zero section it ignores"
+        return config, _load(config)
+    if config is None and captured.config is not None:
+        try:
+            loaded = _load(captured.config_file() or captured.config)
+            config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
+        except InputError as exc:  # the run's config is beyond reading: report the run without it
+            captured.unreadable = exc.problem
+    return config, loaded
+
+
+def _captured_model(captured: Captured, sources: dict):
+    """The model the run built (or the variant that ran, or the command line names), when plan can take it."""
+    if captured.model_dir is not None:
+        problem = _unreadable_model(captured.model_dir)
+        if problem is None and captured.encoder_decoder:
+            problem = "an encoder-decoder model; plan models decoder-only LLMs"
+        if problem is None:
+            sources["model"] = captured.model_text()
+            return captured.model_dir
+        sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
+    named = captured.flags.get("model")
+    if named is not None:
+        problem = _unreadable_model(Path(named)) if Path(named).exists() else "not a local directory here"
+        if problem is None:
+            sources["model"] = f"from the command line: {captured.flags['model flag']} {named}"
+            return named
+        sources.setdefault("model", f"the command line names {named} ({problem}; pass --model DIR)")
+    return None
+
+
+def _inputs(config, loaded, model, gpus, dtype, given: tuple, run: Run | None, sources: dict) -> Inputs:
+    """Every input of the steps, from the flags, else from the run (its trace, the variant of ab that ran, its
+    command line), else the defaults; ``sources`` says which for each."""
+    captured = run.captured if run is not None else None
+    if captured is not None:
+        config, loaded = _captured_config(config, loaded, captured, sources)
+        if model is None:
+            model = _captured_model(captured, sources)
+    if config is None:
+        sources["config"] = _no_config_reason(captured)["en"]
+    sources.setdefault("config", "given")
+    sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
+    from_run = sources["model"] != "given"
+    wl = _workload(*given, captured.workloads() if captured else None,
+                   _max_positions(model) if from_run and model is not None else None)
+    sources["workload"] = f"batch {wl[0]}, prompt {wl[1]} tokens, {wl[2]} new tokens ({wl[3]})"
+    if gpus is None and captured is not None and captured.world_size and from_run:
+        gpus = captured.world_size
+    dtype, sources["dtype"] = _dtype(dtype, captured, from_run)
+    return Inputs(config, loaded, model, gpus, dtype, wl, sources)
+
+
+def _dtype(dtype, captured: Captured | None, from_run: bool) -> tuple:
+    """The dtype and where it came from: the flag, the run's weights, the command's --dtype, else config.json."""
+    flagged = normalize_dtype(captured.flags["dtype"]) if captured is not None and captured.flags.get("dtype") else None
+    if dtype is not None:
+        return dtype, "given"
+    if captured is not None and from_run and captured.dtype:
+        return captured.dtype, f"{captured.dtype}, {captured.model_from}"
+    return flagged, (f"{flagged}, from the command line" if flagged else "the model's config.json")
+
+
+def _plan_or_skip(inputs: Inputs, gpu_memory, host_memory, tmp: Path, lang, machine, captured) -> tuple:
+    """Step 2: plan for the inputs, or why it cannot."""
+    if inputs.model is None:
+        if captured is not None and captured.model_dir is not None:  # captured, but not a model plan can take
+            return _skipped("need-zero3", fill(SKIPPED["run's model"], model=inputs.sources["model"])), None
+        return _skipped("need-zero3", SKIPPED["no model"]), None
+    b, p, n, _ = inputs.workload
+    try:
+        step, result = _step_plan(inputs.model, inputs.loaded, inputs.gpus, gpu_memory, host_memory, b, p, n,
+                                  inputs.dtype, tmp, lang, machine)
+    except InputError as exc:
+        if inputs.sources["model"] == "given":
+            raise
+        return _skipped("need-zero3", fill(SKIPPED["plan failed"], problem=exc.problem)), None
+    step.summary = _with_inputs(step.summary, inputs.sources)
+    step.data["inputs"] = {k: inputs.sources.get(k) for k in ("model", "dtype", "workload")}
+    return step, result
+
+
+def _with_inputs(summary: dict, sources: dict) -> dict:
+    """A step's summary followed by where its inputs came from."""
+    more = fill(SUMMARY["inputs"], model=sources.get("model"), dtype=sources.get("dtype"),
+                workload=sources.get("workload"))
+    return {lang: f"{text} {more[lang]}" for lang, text in summary.items()}
+
+
+def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,
              batch: int | None = None, prompt_len: int | None = None, new_tokens: int | None = None,
              dtype: str | None = None, checkpoint=None, command: list[str] | None = None, out="dsdoctor-out",
              force: bool = False, timeout: float | None = None, lang: str = "en",
@@ -602,25 +813,15 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
 
     With a ``command`` it reports on that run: what the run handed to DeepSpeed (the config captured at
     deepspeed.initialize / HfDeepSpeedConfig), the model it built and the batch and lengths it generated with
-    stand in for ``config``, ``model`` and the workload wherever those are not given. Without a command,
-    ``config`` and ``model`` are needed; with neither (and no command) it runs on the bundled example (a ZeRO-3
-    offload training config reused for inference, and a 7B Llama-shaped config.json), and says so."""
-    sources: dict = {}
-    if command is None and config is None and model is None:
-        config, model = bundled_example()
-        sources = {"config": "bundled example", "model": "bundled example"}
-    elif command is None and config is None:
-        raise InputError("diagnose needs --config (the DeepSpeed config your inference uses), or your command "
-                         "after -- to capture it from the run")
-    elif command is None and model is None:
-        raise InputError("diagnose needs --model (a local model directory or its config.json), or your command "
-                         "after -- to capture it from the run")
+    stand in for ``config``, ``model`` and the workload wherever those are not given; when the run failed before
+    building the model or generating, ab's variant that ran, then the command's own flags (--model, --batch,
+    --prompt-len, --new-tokens, --dtype) say them. Without a command, ``config`` and ``model`` are needed; with
+    neither (and no command) it runs on the bundled example (a ZeRO-3 offload training config reused for
+    inference, and a 7B Llama-shaped config.json), and says so."""
+    config, model, sources = _given_sources(command, config, model)
     out = Path(out)
-    steps: list[Step] = []
-    from dsdoctor.config.load import load_config
-
     # read once: check, plan and split share it (and its effective readings); a captured one is read below
-    loaded = load_config(config) if config is not None else None
+    loaded = _load(config) if config is not None else None
     with door.atomic_output_dir(out, force=force, inputs=[config, model, checkpoint], command="diagnose") as tmp:
         if model is not None and command:
             # plan before running anything: bad workload flags must fail before the user's command has run
@@ -628,104 +829,88 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
 
             plan(model, batch=batch or 1, prompt_len=prompt_len or 1, new_tokens=new_tokens or 1, dtype=dtype,
                  gpus=gpus, gpu_memory=gpu_memory, host_memory=host_memory, config=loaded)  # only flags given
-        captured, trace_step = None, None
-        if command:
-            trace_step, traced = _step_trace(command, tmp, timeout, lang, out)
-            captured = Captured.from_trace(traced, tmp)
-            if config is None and captured.config is None and _handed_zero(captured.init_inference_config):
-                config = captured.init_inference_config  # a ZeRO section init_inference ignores: check and split it
-                loaded = load_config(config)
-                sources["config"] = "captured from deepspeed.init_inference: a zero section it ignores"
-            if config is None and captured.config is not None:
-                try:
-                    loaded = load_config(captured.config_file() or captured.config)
-                    config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
-                except InputError as exc:  # the run's config is beyond reading: report the run without it
-                    captured.unreadable = exc.problem
-            if model is None and captured.model_dir is not None:
-                problem = _unreadable_model(captured.model_dir)
-                if problem is None and captured.encoder_decoder:
-                    problem = "an encoder-decoder model; plan models decoder-only LLMs"
-                if problem is None:
-                    model, sources["model"] = captured.model_dir, captured.model_text()
-                else:
-                    sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
-        if config is None:
-            sources["config"] = _no_config_reason(captured)["en"]
-        sources.setdefault("config", "given")
-        sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
-        wl = _workload(batch, prompt_len, new_tokens, captured.workload if captured else None,
-                       _max_positions(model) if sources["model"].startswith("captured") else None)
-        sources["workload"] = f"batch {wl[0]}, prompt {wl[1]} tokens, {wl[2]} new tokens ({wl[3]})"
-        if gpus is None and captured is not None and captured.world_size and sources["model"] != "given":
-            gpus = captured.world_size
-        if dtype is None and captured is not None and sources["model"].startswith("captured"):
-            dtype = captured.dtype
-
-        config_is_zero = config is not None
-        check_result = None
-        if config_is_zero:
-            step, check_result = _step_effective(loaded, model, gpus, lang)
-        else:
-            step = _skipped("effective", _no_config_reason(captured))
-        steps.append(step)
-        inference_cfg = check_result.inference_config if check_result is not None else None
-        if trace_step is not None:
-            steps.append(trace_step)
-        plan_result = None
-        if model is not None:
-            try:
-                plan_step, plan_result = _step_plan(model, loaded, gpus, gpu_memory, host_memory, wl[0], wl[1], wl[2],
-                                                    dtype, tmp, lang, machine)
-            except InputError as exc:
-                if sources["model"] == "given":
-                    raise
-                plan_step = _skipped("need-zero3", fill(SKIPPED["plan failed"], problem=exc.problem))
-        elif captured is not None and captured.model_dir is not None:  # captured, but not a model plan can take
-            plan_step = _skipped("need-zero3", fill(SKIPPED["run's model"], model=sources["model"]))
-        else:
-            plan_step = _skipped("need-zero3", SKIPPED["no model"])
-        steps.append(plan_step)
-        split_config = None
-        if config_is_zero and (inference_cfg is None or inference_cfg.zero):
-            split_step = _step_split(loaded, model, tmp, out, lang)
-            split_config = split_step.data["config"]
-        elif config_is_zero:  # an init_inference config without a ZeRO section: nothing to split
-            split_step = _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))
-        else:
-            split_step = _skipped("split", _no_config_reason(captured))
-        steps.append(split_step)
-        ab_result = None
-        if command and _cuda_available():
-            ab_step, ab_result = _step_ab(command, tmp, timeout, lang)
-            steps.append(ab_step)
-        else:
-            run = f"dsdoctor ab --out ab -- {_shell(command) if command else 'python your_infer.py'}"
-            steps.append(_skipped("ab", SKIPPED["no gpu" if command else "no command"], commands=[run]))
-        path = plan_result.recommended.path if plan_result is not None else None
-        shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
-            model == captured.model_dir else model
-        current = _current(check_result, captured)
-        if plan_result is not None:
-            merged, merge_findings = None, []
-            if checkpoint and (path is None or not path.startswith("zero3")):
-                merged, merge_findings = _merge(checkpoint, model, tmp, lang)
-            exit_step = _exit_step(path, plan_result, shown_model, checkpoint, out, gpus, merged, tmp,
-                                   split_config=split_config, traced_stage=captured.stage if captured else None,
-                                   current=current)
-            exit_step.findings += merge_findings
-        else:
-            exit_step = _skipped("exit", SKIPPED["no plan"])
-        steps.append(exit_step)
+        run = _run_command(command, tmp, timeout, lang, out) if command else None
+        inputs = _inputs(config, loaded, model, gpus, dtype, (batch, prompt_len, new_tokens), run, sources)
+        steps, plan_result, path, current = _steps(inputs, run, command, checkpoint, gpu_memory, host_memory,
+                                                   tmp, out, lang, machine)
         _final_paths(steps, tmp, out)
-        shown_config = config if not isinstance(config, dict) else out / "ds_config_captured.json"
-        summary = _summary(steps, plan_result, path, current, traced if command else None, ab_result, command,
-                           checkpoint)
+        captured = run.captured if run is not None else None
+        shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
+            inputs.model == captured.model_dir else inputs.model
+        shown_config = inputs.config if not isinstance(inputs.config, dict) else out / "ds_config_captured.json"
+        summary = _summary(steps, plan_result, path, current, run.traced if run else None,
+                           run.ab_result if run else None, command, checkpoint)
         result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",
                                 str(shown_model) if shown_model is not None else "none", str(out), steps, path, lang,
-                                sources, summary)
+                                inputs.sources, summary)
         write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
+
+
+def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, host_memory, tmp: Path, out: Path,
+           lang, machine) -> tuple:
+    """The five steps in order: (steps, plan result, the path of the way out, the path the user's setup is)."""
+    captured = run.captured if run is not None else None
+    check_result = None
+    if inputs.config is not None:
+        step, check_result = _step_effective(inputs.loaded, inputs.model, inputs.gpus, lang)
+    else:
+        step = _skipped("effective", _no_config_reason(captured))
+    steps = [step] + ([run.trace_step] if run is not None else [])
+    plan_step, plan_result = _plan_or_skip(inputs, gpu_memory, host_memory, tmp, lang, machine, captured)
+    steps.append(plan_step)
+    split_step = _split_or_skip(inputs, check_result, captured, tmp, out, lang)
+    steps.append(split_step)
+    if run is not None and run.ab_step is not None:
+        steps.append(run.ab_step)
+    else:
+        shell = f"dsdoctor ab --out ab -- {_shell(command) if command else 'python your_infer.py'}"
+        steps.append(_skipped("ab", SKIPPED["no gpu" if command else "no command"], commands=[shell]))
+    path = plan_result.recommended.path if plan_result is not None else None
+    current = _current(check_result, captured)
+    if plan_result is not None:
+        merged, merge_findings = None, []
+        if checkpoint and (path is None or not path.startswith("zero3")):
+            merged, merge_findings = _merge(checkpoint, inputs.model, tmp, lang)
+        shown = out / "model" if captured is not None and inputs.model == captured.model_dir else inputs.model
+        exit_step = _exit_step(path, plan_result, shown, checkpoint, out, inputs.gpus, merged, tmp,
+                               split_config=split_step.data.get("config"), traced_stage=captured.stage if captured else None,
+                               current=current)
+        exit_step.findings += merge_findings
+        exit_step.summary = _with_inputs(exit_step.summary, inputs.sources)
+    else:
+        exit_step = _measured_exit(run.ab_result if run else None, inputs, tmp, out)
+    steps.append(exit_step)
+    return steps, plan_result, path, current
+
+
+def _split_or_skip(inputs: Inputs, check_result, captured, tmp: Path, out: Path, lang) -> Step:
+    inference_cfg = check_result.inference_config if check_result is not None else None
+    if inputs.config is not None and (inference_cfg is None or inference_cfg.zero):
+        return _step_split(inputs.loaded, inputs.model, tmp, out, lang)
+    if inputs.config is not None:  # an init_inference config without a ZeRO section: nothing to split
+        return _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))
+    return _skipped("split", _no_config_reason(captured))
+
+
+def _measured_exit(ab_result, inputs: Inputs, tmp: Path, out: Path) -> Step:
+    """Step 5 without a plan: the variant ab measured as the fix (DSD316), its config written beside the report."""
+    fix = ab_result.diagnosis if ab_result is not None else None
+    if fix is None or fix.code != "DSD316":
+        return _skipped("exit", SKIPPED["no plan"])
+    from dsdoctor.trace.variants import apply_variant
+
+    name = str(fix.values["variant"])
+    variant = next(v for v in ab_result.variants if v.name == name)
+    n = inputs.gpus or (variant.shape or {}).get("world_size") or 1
+    cfg = apply_variant(name, inputs.loaded.raw) if inputs.loaded is not None else None
+    if cfg is not None:
+        door.write_new(tmp / f"ds_{name}.json", to_json(cfg))
+    cmds = [f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / f'ds_{name}.json'))}"]
+    summary = fill(SUMMARY["measured way out"], variant=name, fix={x: fix.fix(x) for x in LANGS},
+                   tps=f"{variant.tokens_per_s:.1f}" if variant.tokens_per_s else "-")
+    return Step("exit", "done", _with_inputs(summary, inputs.sources), commands=cmds if cfg else [],
+                artifacts=[f"ds_{name}.json"] if cfg else [], data={"path": None, "measured": name, "config": cfg})
 
 
 def _max_positions(model) -> int | None:
@@ -738,22 +923,26 @@ def _max_positions(model) -> int | None:
     return value if isinstance(value, int) and value > 1 else None
 
 
-def _workload(batch, prompt_len, new_tokens, captured: dict | None,
+def _workload(batch, prompt_len, new_tokens, found: dict | list | None,
               max_positions: int | None = None) -> tuple[int, int, int, str]:
-    """(batch, prompt, new tokens, where they came from). Defaults that do not fit a captured model's context
-    (a run that never called generate, with a small model) shrink to fit: 3/4 prompt, 1/4 new tokens."""
-    b, bs = _workload_value(batch, captured, "batch")
-    p, ps = _workload_value(prompt_len, captured, "prompt_len")
-    n, ns = _workload_value(new_tokens, captured, "new_tokens")
+    """(batch, prompt, new tokens, where they came from). ``found``: what the run says, a dict (the traced
+    generate) or (dict, where) pairs in order. Defaults that do not fit a captured model's context (a run that
+    never called generate, with a small model) shrink to fit: 3/4 prompt, 1/4 new tokens."""
+    found = [(found, "the run")] if isinstance(found, dict) else (found or [])
+    b, bs = _workload_value(batch, found, "batch")
+    p, ps = _workload_value(prompt_len, found, "prompt_len")
+    n, ns = _workload_value(new_tokens, found, "new_tokens")
     if max_positions and p + n > max_positions:
         if ps == "default":
             p = max(1, min(p, (max_positions * 3) // 4 - (0 if ns == "default" else n)))
         if ns == "default":
             n = max(1, min(n, max_positions - p))
     kinds = {bs, ps, ns}
-    how = "from the run" if kinds == {"captured"} else "defaults" if kinds == {"default"} else \
-        "given" if kinds == {"given"} else ", ".join(f"{k} {v}" for k, v in
-                                                        (("batch", bs), ("prompt", ps), ("new tokens", ns)))
+    if len(kinds) == 1:
+        how = {"default": "defaults", "given": "given"}.get(bs, f"from {bs}")
+    else:
+        how = ", ".join(f"{k} {'from ' + v if v not in ('given', 'default') else v}"
+                        for k, v in (("batch", bs), ("prompt", ps), ("new tokens", ns)))
     return b, p, n, how
 
 

@@ -98,6 +98,32 @@ def path_figures(plan_result, name: str | None) -> dict | None:
             "tokens_per_s": round(p.tokens_per_s * p.replicas, 3), "fits": p.fits}
 
 
+MEASURED_AS = {"plain": "plain", "split-no-offload": "zero3", "split": "zero3-offload"}  # ab variant -> plan path
+
+
+def measured_figures(variant) -> dict:
+    """What ab measured for one variant (an ``ab`` VariantResult): its peaks and tokens/s, "fits" when it ran."""
+    return {"path": f"{variant.name} (measured)", "gpu_peak_bytes": variant.peak_gpu_bytes,
+            "host_peak_bytes": variant.peak_host_bytes, "tokens_per_s": variant.tokens_per_s,
+            "fits": variant.status == "ok"}
+
+
+def before_after(plan_result, path: str | None, current: str | None, ab_result=None) -> tuple:
+    """(before, after): the way out as plan predicts it (step 5's path), or as ab measured it where ab ran that
+    path's variant (or, without a plan, ab's fix); before is the run as-is where ab measured it, else plan's
+    figures for the path the user's setup is."""
+    runs = {v.name: v for v in (ab_result.variants if ab_result is not None else [])}
+    base = runs.get("as-is")
+    before = measured_figures(base) if base is not None else \
+        (path_figures(plan_result, current) if current != path else None)
+    measured = next((v for name, v in runs.items() if MEASURED_AS.get(name) == path and v.status == "ok"), None)
+    fix = ab_result.diagnosis if ab_result is not None else None
+    if measured is None and plan_result is None and fix is not None and fix.code == "DSD316":
+        measured = runs.get(str(fix.values.get("variant")))
+    after = measured_figures(measured) if measured is not None else path_figures(plan_result, path)
+    return before, after
+
+
 def verdict(*, failed_run: tuple | None = None, ab=None, config_errors=(), plan_result=None,
             path: str | None = None, current: str | None = None) -> dict:
     """The verdict, one paragraph per language: how the traced run ended when it failed (``failed_run``: the

@@ -16,6 +16,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.report.render import write_report
 from dsdoctor.trace import ending, multinode
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose, not_applied
+from dsdoctor.trace.end_state import end_state_variants
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.loop_rules import follow_measurement
 from dsdoctor.trace.records import read_records
@@ -99,7 +100,10 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
     def run_all(directory: Path, final: str | None) -> AbResult:
         results, as_is_findings, stop = [], [], None
         queue = list(chosen)
-        for n, v in enumerate(queue, 1):
+        n = 0
+        while n < len(queue):
+            v = queue[n]
+            n += 1
             print(f"dsdoctor ab: variant {n}/{len(queue)}: {v.name} ({v.description})", file=sys.stderr, flush=True)
             sub = _dirname(v.name)
             t = _trace_into(directory / sub, command, v.name, timeout, echo, lang,
@@ -118,6 +122,9 @@ def ab(command: list[str], variants: str | list[str] | None = None, out: str | N
             if stop is not None:
                 print(f"dsdoctor ab: {stop.message('en')}", file=sys.stderr, flush=True)
                 break
+            if variants is None and n == len(queue):  # the seed's end state, when plan says it fits
+                extra = end_state_variants(results, [w.name for w in queue])
+                queue += parse_variants(extra) if extra else []
         findings = [stop] if stop is not None else diagnose(results)
         as_is_findings = follow_measurement(findings, as_is_findings)  # trace's advice yields to ab's measurement
         result = AbResult(command=command, variants=results, findings=findings + as_is_findings, out_dir=final)

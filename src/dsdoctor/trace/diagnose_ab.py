@@ -56,6 +56,8 @@ class VariantResult:
     config_source: str | None = None  # the config file the run passed, when it passed one
     endings: list[dict] = field(default_factory=list)  # how each rank that did not finish ended (trace/ending.py)
     tokens_per_s_kind: str | None = None  # "steady" (generates after the first) or "first" (one generate)
+    host_total_bytes: int | None = None  # the host's memory, and the GPU's, as the ranks saw them: the headroom
+    gpu_total_bytes: int | None = None
 
     @classmethod
     def from_trace(cls, name: str, description: str, t: TraceResult, report: str | None) -> VariantResult:
@@ -80,7 +82,23 @@ class VariantResult:
                    t.returncode, offload or passed.get("offload_param"), stopped, [f.code for f in t.findings],
                    report, gen_gpu, gen_host, shape_of(t), optimizer,
                    source if isinstance(source, str) and source not in ("dict", "kwargs") else None, endings,
-                   t.ranks[0].tokens_per_s_kind if t.ranks else None)
+                   t.ranks[0].tokens_per_s_kind if t.ranks else None,
+                   next((r.host_total_bytes for r in t.ranks if r.host_total_bytes), None),
+                   max((p.get("gpu_total_bytes") or 0 for r in t.ranks for p in r.phases), default=0) or None)
+
+    def headroom(self) -> dict:
+        """{"host"/"gpu": (peak, total, the fraction left free)} where both the peak and the total are known."""
+        out = {}
+        for kind, peak, total in (("host", self.peak_host_bytes, self.host_total_bytes),
+                                  ("gpu", self.peak_gpu_bytes, self.gpu_total_bytes)):
+            if peak and total:
+                out[kind] = (peak, total, max(0.0, 1 - peak / total))
+        return out
+
+    def headroom_text(self) -> str:
+        """The table's headroom column: "host 78%, GPU 40%" free at the peak."""
+        return ", ".join(f"{'GPU' if k == 'gpu' else k} {free:.0%}" for k, (_, _, free) in self.headroom().items()) \
+            or "-"
 
     def failure(self) -> dict | None:
         """How this run failed, as its first failing rank ended (a {lang: text}), or None when it ran."""
@@ -137,7 +155,7 @@ class AbResult:
         for v in self.variants:
             kind = pick(TEXT[f"tps-{v.tokens_per_s_kind}"], lang) if v.tokens_per_s_kind in ("steady", "first") else "-"
             yield (v.name, v.status, human_bytes(v.generate_peak_gpu_bytes), human_bytes(v.peak_gpu_bytes),
-                   human_bytes(v.peak_host_bytes),
+                   human_bytes(v.peak_host_bytes), v.headroom_text(),
                    "-" if v.tokens_per_s is None else f"{v.tokens_per_s:.1f}", kind, f"{v.wall_s:.1f}s",
                    v.stopped_text(lang))
 
@@ -292,26 +310,54 @@ def _split_findings(base: VariantResult, split: VariantResult, gpu: bool, kind) 
     return out
 
 
-def _better(runs: list[VariantResult], gpu: bool) -> VariantResult:
-    """Of the variants that ran, the one to use, weighed as an expert does: the fastest (tokens/s), and among
+MIN_HEADROOM = 0.25  # a variant that ran with less of the failing memory left free only survives
+MEMORY_ENDINGS = {"oom-killer": "host", "host-oom": "host", "cuda-oom": "gpu"}
+MEMORY = {"host": "mem-host", "gpu": "mem-gpu"}  # DSD316's phrase for each
+
+
+def _cause(base: VariantResult, gpu: bool) -> str | None:
+    """The memory that ended the run as-is ("host" or "gpu"), or None when it did not end for memory."""
+    for e in base.endings:
+        if e["kind"] in MEMORY_ENDINGS:
+            return MEMORY_ENDINGS[e["kind"]]
+    return ("gpu" if gpu else "host") if base.status == "oom" else None
+
+
+def only_survives(base: VariantResult, v: VariantResult, gpu: bool) -> Phrase | None:
+    """Why ``v`` runs without removing what ended the run as-is (a phrase), or None when it removes it: as-is ran
+    out of memory and ``v`` still builds the optimizer as-is built, or ends with less than a quarter of that
+    memory free."""
+    cause = _cause(base, gpu)
+    if cause is None:
+        return None
+    if base.optimizer and v.optimizer:
+        return Phrase("keeps-optimizer", {"optimizer": v.optimizer})
+    peak, total, free = v.headroom().get(cause, (None, None, 1.0))
+    if free < MIN_HEADROOM:
+        return Phrase("tight", {"kind": Phrase(MEMORY[cause]), "peak": human_bytes(peak), "total": human_bytes(total)})
+    return None
+
+
+def _better(runs: list[VariantResult], gpu: bool, base: VariantResult | None = None) -> VariantResult:
+    """Of the variants that ran, the one to use, weighed as an expert does: one that removes the cause of the
+    failure as-is before one that only survives it (``only_survives``); then the fastest (tokens/s), and among
     those within the noise of it the one that needs less memory (GPU peak, then host peak), so offload is
     kept only where it is what makes the run fit, and pin_memory is whichever measured better."""
+    if base is not None:
+        runs = [v for v in runs if only_survives(base, v, gpu) is None] or runs
     fastest = max((v.tokens_per_s or 0) for v in runs)
     close = [v for v in runs if (v.tokens_per_s or 0) >= fastest * (1 - NOISE)] or runs
     return min(close, key=lambda v: ((_metric(v, True) or 0) if gpu else 0, v.peak_host_bytes or 0))
 
 
-def fix_verdict(variants: list[VariantResult], gpu: bool) -> Finding | None:
-    """DSD316: the run as-is fails and a config variant runs to the end: that variant is the fix."""
-    by = {v.name: v for v in variants}
-    base = by.get("as-is")
-    if base is None or base.status not in FAILED:
-        return None
-    others = [v for v in variants if v.name != "as-is" and v.name not in NOT_CONFIG_VARIANTS]
-    runs = [v for v in others if v.status == "ok"]
-    if not runs:
-        return None
-    best = _better(runs, gpu)
+def _headroom_phrases(v: VariantResult) -> list[Phrase]:
+    return [Phrase("headroom", {"kind": Phrase(MEMORY[k]), "peak": human_bytes(peak), "total": human_bytes(total),
+                                "free": f"{free:.0%}"}) for k, (peak, total, free) in v.headroom().items()]
+
+
+def _changes(base: VariantResult, best: VariantResult, gpu: bool) -> list[Phrase]:
+    """What the fix changes, as measured: optimizer, offload, the peaks where the failed run was above them, the
+    headroom left, the speed."""
     changes = []
     if (base.optimizer or None) != (best.optimizer or None):
         changes.append(Phrase("optimizer", {"before": base.optimizer or "none", "after": best.optimizer or "none"}))
@@ -324,10 +370,31 @@ def fix_verdict(variants: list[VariantResult], gpu: bool) -> Finding | None:
     if gpu and best.peak_gpu_bytes and _lower(best.peak_gpu_bytes, base.peak_gpu_bytes):
         changes.append(Phrase("gpu", {"before": human_bytes(base.peak_gpu_bytes), "after":
                                       human_bytes(best.peak_gpu_bytes)}))
+    changes += _headroom_phrases(best)
     if best.tokens_per_s:
         kind = TEXT.get(f"tps-{best.tokens_per_s_kind}") or TEXT["tps-first"]
         changes.append(Phrase("speed", {"tps": f"{best.tokens_per_s:.1f}", "kind": kind}))
-    also = [v.name for v in runs if v is not best]
+    return changes
+
+
+def fix_verdict(variants: list[VariantResult], gpu: bool) -> Finding | None:
+    """DSD316: the run as-is fails and a config variant runs to the end: that variant is the fix (one that
+    removes the cause before one that only survives it)."""
+    by = {v.name: v for v in variants}
+    base = by.get("as-is")
+    if base is None or base.status not in FAILED:
+        return None
+    others = [v for v in variants if v.name != "as-is" and v.name not in NOT_CONFIG_VARIANTS]
+    runs = [v for v in others if v.status == "ok"]
+    if not runs:
+        return None
+    best = _better(runs, gpu, base)
+    changes = _changes(base, best, gpu)
+    for v in runs:
+        why = only_survives(base, v, gpu) if v is not best else None
+        if why is not None:
+            changes.append(Phrase("survives", {"variant": v.name, "why": why}))
+    also = [v.name for v in runs if v is not best and only_survives(base, v, gpu) is None]
     failing = [v.name for v in others if v.status != "ok"]
     if also:
         changes.append(Phrase("also", {"names": ", ".join(also)}))
@@ -337,11 +404,16 @@ def fix_verdict(variants: list[VariantResult], gpu: bool) -> Finding | None:
                               "fix": _fix_phrase(best.name, base.config_source)})
 
 
+END_STATE_FIXES = {"split-no-offload": "fix-split-no-offload", "plain": "fix-plain"}
+
+
 def _fix_phrase(name: str, config: str | None) -> Phrase:
     if name == "split":
         return Phrase("fix-split", {"config": config or "CONFIG"})
     if name == "no-offload-param":
         return Phrase("fix-no-offload-param")
+    if name in END_STATE_FIXES:
+        return Phrase(END_STATE_FIXES[name], {"config": config or "CONFIG"})
     if name in ("pin-memory-on", "pin-memory-off"):
         return Phrase("fix-pin", {"value": "true" if name == "pin-memory-on" else "false"})
     if name.startswith("prefetch="):

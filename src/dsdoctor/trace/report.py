@@ -223,7 +223,7 @@ def _max(values):
 def _phase_dict(p: PhaseRecord) -> dict:
     return {
         "name": p.name, "index": p.index, "label": p.label, "api": p.info.get("api"), "t_start": p.t_start,
-        "t_end": p.t_end, "duration_s": p.duration_s, "unfinished": p.t_end is None,
+        "t_end": p.t_end, "duration_s": p.duration_s, "unfinished": p.t_end is None, "gpu_total_bytes": p.gpu_total,
         "peak_gpu_bytes": p.peak_gpu_reserved, "peak_gpu_allocated_bytes": p.peak_gpu_allocated,
         "gpu_used_device_bytes": p.gpu_used_device, "peak_host_bytes": p.peak_host_rss,
         "host_rss_start": p.host_rss_start, "host_rss_end": p.host_rss_end, "pinned_host_bytes": p.pinned_host_bytes,

@@ -37,6 +37,20 @@ def _no_offload_param(cfg: dict) -> dict:
     return cfg
 
 
+def _split_no_offload(cfg: dict) -> dict:
+    """The seed's end state on ZeRO-3: the inference config, weights on the GPU (no offload_param)."""
+    return _no_offload_param(split_inference_config(cfg))
+
+
+def _plain(cfg: dict) -> dict:
+    """The seed's end state without ZeRO-3: the inference config at stage 0 (whole weights on each GPU)."""
+    new = _split_no_offload(cfg)
+    zero = _zero(new)
+    for key in list(zero):
+        if key.startswith("stage3_") or key.startswith("zero_"):
+            zero.pop(key)
+    zero["stage"] = 0
+    return new
 
 
 def split_inference_config(cfg: dict) -> dict:
@@ -70,6 +84,9 @@ _FIXED = {
     "as-is": ("the config as the script passes it", _as_is),
     "no-offload-param": ("zero_optimization.offload_param removed", _no_offload_param),
     "split": ("the inference part only: no optimizer, scheduler or offload_optimizer", split_inference_config),
+    # the seed's end states: ab adds them when plan says they fit (trace/end_state.py)
+    "split-no-offload": ("the inference part, without offload_param (ZeRO-3, weights on the GPU)", _split_no_offload),
+    "plain": ("the inference part at ZeRO stage 0: no ZeRO-3, the whole model on each GPU", _plain),
     "pin-memory-on": ("offload pin_memory true", _pin_memory(True)),
     "pin-memory-off": ("offload pin_memory false", _pin_memory(False)),
     # not a config rewrite: the observer wraps generate on a ZeRO-3 engine's module (observer/gather_once.py)
