@@ -17,7 +17,7 @@ Z3 = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_opti
 
 def _model(tmp_path, name):
     d = tmp_path / name
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     shutil.copy(ARCH / f"{name}.json", d / "config.json")
     return d
 
