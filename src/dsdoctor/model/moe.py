@@ -83,8 +83,9 @@ SKIPS_UNCHOSEN_4X = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepse
 FUSED_FROM = (5, 0, 0)
 # deepspeed.initialize makes these blocks ZeRO-3 leaves by itself (zero_optimization.leaf_module.classes, default
 # DEFAULT_LEAF_MODULE_CLASSES in runtime/zero/leaf_module_config.py, read in 0.19.8; added by PR #7604, October
-# 2025, in the releases from 0.18.1 at the latest): measured, 4.57.6's Mixtral finishes on 2 CPU ranks unless the
-# config empties that list.
+# 2025, in the releases from 0.18.1 at the latest). Measured on 2 CPU ranks with 0.19.8 and 4.57.6
+# (tests/scripts/moe_zero3.py): Mixtral, Qwen3-MoE and OLMoE finish; DeepSeek-V3, and Mixtral with the list emptied,
+# abort on gloo's size check (a hang on NCCL); transformers 5.24's fused Mixtral finishes.
 DEEPSPEED_LEAVES = ("mixtral", "qwen2_moe", "qwen3_moe")
 DEEPSPEED_LEAVES_FROM = (0, 18, 1)
 
