@@ -274,6 +274,7 @@ def check(config, mode: str | None = None, model: str | os.PathLike | None = Non
         if zf:
             findings.append(zf)
         findings += checks_configs.version_findings(loaded.raw, primary, runner, vers, spec, tp)
+        findings += checks_configs.moe_findings(loaded.raw, primary, spec, vers, runner.inference, _elem_bytes(primary, spec))
         findings += _rl_findings(loaded, primary, runner, rl_job, found_rl, gpus)
         findings += checks_configs.weight_quantization_findings(loaded.raw, primary, runner)
     return CheckResult(

@@ -22,6 +22,7 @@ from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase
 from dsdoctor.gpus import gpu_facts
 from dsdoctor.machine import this_machine_gpu
+from dsdoctor.model.moe import gather_values, hang_risk, hang_values
 from dsdoctor.model.spec import ModelSpec
 from dsdoctor.units import human_bytes, human_count
 
@@ -148,6 +149,27 @@ def top_level_zero_finding(raw: dict, eff: Effective, gpu_name: str | None, spec
     if dtype not in fixed and "bfloat16" not in fixed:
         fixed[dtype] = {"enabled": True}
     return Finding("DSD123", {"asked": _describe_zero(zero), "stage": eff.zero_stage, "config": json.dumps(fixed)})
+
+
+# ------------------------------------------------------------------ mixtures of experts
+
+def moe_findings(raw: dict, eff: Effective, spec: ModelSpec | None, versions: Versions, inference: bool,
+                 elem_bytes: int) -> list[Finding]:
+    """DSD117 (a ZeRO-3 inference forward gathers every expert) and DSD118 (ranks gather different experts: the
+    hang of one-module-per-expert blocks that DeepSpeed does not make leaves by itself, and the leaf-module fix)."""
+    if spec is None or spec.moe is None or eff.zero_stage != 3:
+        return []
+    out = []
+    if inference:
+        out.append(Finding("DSD117", gather_values(spec.model_type, spec.moe, spec.num_params, spec.active_params,
+                                                   elem_bytes)))
+    zero = raw.get("zero_optimization") if isinstance(raw.get("zero_optimization"), dict) else {}
+    leaf = zero.get("leaf_module") if isinstance(zero.get("leaf_module"), dict) else {}
+    classes = leaf.get("classes")
+    classes = [classes] if isinstance(classes, str) else classes if isinstance(classes, list) else None
+    if hang_risk(spec.moe, spec.model_type, versions.tuple("transformers"), versions.tuple("deepspeed"), classes):
+        out.append(Finding("DSD118", hang_values(spec.model_type, versions.label("transformers"))))
+    return out
 
 
 # ------------------------------------------------------------------ versions

@@ -5,6 +5,7 @@ config.json, ``exact`` from the meta-device model) ask this module, so they agre
 from __future__ import annotations
 
 from dsdoctor.model.inventory import MoeLayout
+from dsdoctor.units import human_bytes
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "moe_k")
@@ -71,3 +72,64 @@ def layout(c: dict, model_type: str, moe_layers, expert_intermediate: int, fused
     block = block_class or BLOCK_CLASS.get(model_type, "")
     return MoeLayout(routed_experts(c, model_type), top_k(c, model_type), moe_layers, expert_intermediate,
                      shared, shared_inter, fused, block)
+
+
+# transformers 4.x blocks with one module per expert that run only the experts some token chose (read in 4.57.6's
+# modeling files: Mixtral, Qwen2-MoE and Qwen3-MoE loop over ``expert_hit``, DeepSeek-V2 skips ``num_tokens == 0``,
+# DeepSeek-V3 ``token_indices.numel() > 0``; the first 4.x Mixtral had ``if top_x.shape[0] == 0: continue``).
+# OLMoE 4.x runs every expert and gpt-oss indexes 3-D tensors: no skip. transformers 5 fuses every family's
+# experts into 3-D tensors gathered whole.
+SKIPS_UNCHOSEN_4X = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+FUSED_FROM = (5, 0, 0)
+# deepspeed.initialize makes these blocks ZeRO-3 leaves by itself (zero_optimization.leaf_module.classes, default
+# DEFAULT_LEAF_MODULE_CLASSES in runtime/zero/leaf_module_config.py, read in 0.19.8; added by PR #7604, October
+# 2025, in the releases from 0.18.1 at the latest). Measured on 2 CPU ranks with 0.19.8 and 4.57.6
+# (tests/scripts/moe_zero3.py): Mixtral, Qwen3-MoE and OLMoE finish; DeepSeek-V3, and Mixtral with the list emptied,
+# abort on gloo's size check (a hang on NCCL); transformers 5.24's fused Mixtral finishes.
+DEEPSPEED_LEAVES = ("mixtral", "qwen2_moe", "qwen3_moe")
+DEEPSPEED_LEAVES_FROM = (0, 18, 1)
+
+
+def hang_risk(moe: MoeLayout | None, model_type: str, transformers: tuple | None, deepspeed: tuple | None = None,
+              leaf_classes: list | None = None) -> bool:
+    """Whether ZeRO-3 ranks can gather different experts and wait on each other: a MoE whose block in the user's
+    transformers (a version tuple; None: not known) runs only the chosen experts' modules, and that DeepSpeed does
+    not make a leaf by itself (``deepspeed``: its version; ``leaf_classes``: the config's leaf_module.classes)."""
+    if moe is None or model_type not in SKIPS_UNCHOSEN_4X:
+        return False
+    if transformers is not None and transformers >= FUSED_FROM:
+        return False
+    return not _deepspeed_leaf(model_type, deepspeed, leaf_classes)
+
+
+def _deepspeed_leaf(model_type: str, deepspeed: tuple | None, leaf_classes: list | None) -> bool:
+    """DeepSpeed makes the block a leaf by itself: a release with the default list, the class in it."""
+    if model_type not in DEEPSPEED_LEAVES or deepspeed is None or deepspeed < DEEPSPEED_LEAVES_FROM:
+        return False
+    cls = BLOCK_CLASS[model_type].rsplit(".", 1)[-1]
+    return leaf_classes is None or any(str(c).rsplit(".", 1)[-1] == cls for c in leaf_classes)
+
+
+def leaf_class(model_type: str) -> str:
+    """The sparse block class to give ``set_z3_leaf_modules``, importable: ``transformers.models.<...>.<Class>``."""
+    return f"transformers.models.{BLOCK_CLASS[model_type]}" if model_type in BLOCK_CLASS else "<the sparse MoE block>"
+
+
+def experts_touched(moe: MoeLayout, tokens: int) -> float:
+    """Routed experts per MoE layer that ``tokens`` tokens use, expected under uniform routing:
+    N (1 - (1 - k/N)^tokens); k for one token, all N for many."""
+    n, k = moe.num_experts, min(moe.top_k, moe.num_experts)
+    return n * (1 - (1 - k / n) ** max(tokens, 0)) if n else 0.0
+
+
+def gather_values(model_type: str, moe: MoeLayout, total: int, active: int, elem_bytes: int) -> dict:
+    """The figures of DSD117/DSD226: what a ZeRO-3 forward gathers (every parameter) against what one token uses."""
+    return {"model_type": model_type, "experts": moe.num_experts, "top_k": moe.top_k, "layers": len(moe.moe_layers),
+            "gathered": human_bytes(total * elem_bytes), "active": human_bytes(active * elem_bytes),
+            "ratio": f"{total / max(active, 1):.1f}"}
+
+
+def hang_values(model_type: str, transformers: str) -> dict:
+    """The values of DSD118: the model, the user's transformers, the block class to make a ZeRO-3 leaf."""
+    module, cls = leaf_class(model_type).rsplit(".", 1)
+    return {"model_type": model_type, "transformers": transformers, "block": cls, "module": module, "cls": cls}

@@ -159,6 +159,8 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
     if not ctx.expandable:
         found += plan_findings.fragmentation_findings(plans, chosen, ctx.config_path,
                                                       lambda name: rows[name].expandable_reserved(ctx))
+    found += plan_findings.moe_findings(plans, chosen, ctx.config_path, ctx.shape, ctx.wl, spec.model_type,
+                                        (ctx.transformers or {}).get("version"))
     return found + plan_findings.machine_findings(profile, machine)
 
 

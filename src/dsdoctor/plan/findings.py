@@ -1,9 +1,12 @@
-"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD225 (their texts: ``plan/rules.json``)."""
+"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD226 (their texts: ``plan/rules.json``)."""
 from __future__ import annotations
 
+from dsdoctor.config.versions import resolve_versions, version_tuple
 from dsdoctor.findings import Finding, Phrase
+from dsdoctor.model.moe import experts_touched, hang_risk, hang_values
 from dsdoctor.plan.memory import TRAINING_PARTS
 from dsdoctor.plan.positions import encoding
+from dsdoctor.plan.speed import expert_elems
 from dsdoctor.units import human_age, human_bytes, human_rate
 
 _ENCODING_ZH = {"rotary": "RoPE", "alibi": "ALiBi"}
@@ -189,3 +192,29 @@ def freshness_findings(profile, freshness: dict | None) -> list[Finding]:
                                            or (age is not None and age > STALE_AFTER_S)):
         return [Finding("DSD225", values)]
     return []
+
+
+def moe_findings(plans, chosen, config_path, shape, wl, model_type: str, transformers: str | None) -> list[Finding]:
+    """DSD226: the ZeRO-3 path of a mixture of experts (the config's, else the recommended) gathers every expert
+    each decode step, where plain decode reads the experts its batch chose; DSD118: a block with one module per
+    expert that skips unchosen experts, under the user's transformers (the hang and its leaf-module fix)."""
+    moe = shape.inventory.moe
+    if moe is None:
+        return []
+    out: list[Finding] = []
+    by = {p.name: p for p in plans}
+    z3 = by.get(config_path) if config_path and config_path.startswith("zero3") else None
+    z3 = z3 or (chosen if chosen is not None and chosen.name.startswith("zero3") else None)
+    plain = by.get("plain")
+    if z3 is not None and plain is not None:
+        routed, touched, _ = expert_elems(shape, wl.batch)
+        read = (shape.inventory.num_params - routed + touched) * wl.dtype_bytes
+        out.append(Finding("DSD226", {
+            "path": z3.name, "gathered": human_bytes(shape.inventory.num_params * wl.dtype_bytes), "batch": wl.batch,
+            "read": human_bytes(read), "touched": f"{experts_touched(moe, wl.batch):.0f}", "experts": moe.num_experts,
+            "top_k": moe.top_k, "tps": f"{z3.tokens_per_s:.1f}", "plain_tps": f"{plain.tokens_per_s:.1f}",
+            "plain_fits": "" if plain.fits else Phrase("does-not-fit")}))
+    deepspeed = resolve_versions(None).tuple("deepspeed")  # its default leaf blocks (zero_optimization.leaf_module)
+    if z3 is not None and hang_risk(moe, model_type, version_tuple(transformers), deepspeed):
+        out.append(Finding("DSD118", hang_values(model_type, transformers or "(not installed)")))
+    return out

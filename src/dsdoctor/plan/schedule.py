@@ -64,7 +64,30 @@ def _layer_levels(shape: ModelShape, b: int, tp: int) -> dict[str, float]:
     if shape.fused_qkv:
         # Phi3Attention: q, k, v are views of one qkv_proj output, alive (value_states) until the forward returns
         levels["o_proj"] = base + b * (2 * h + 2 * q + 2 * k)
+    if shape.inventory.moe is not None:
+        levels.update(_moe_levels(shape, b, base))
     return levels
+
+
+MOE_PAIR_BYTES = 40  # per (token, chosen expert): sorted expert ids and permutation, token index (int64), weights
+
+
+def _moe_levels(shape: ModelShape, b: int, base: float) -> dict[str, float]:
+    """The routed block of transformers 5 (``integrations/moe.py`` grouped_mm, its default where the GPU has
+    grouped GEMMs), per token with k chosen experts, beside the layer's input and the block's own (measured on CPU
+    per family by recording every tensor a block's forward creates: within 0.5%). Up: the tokens sorted by expert,
+    the gate_up output, act(gate) and the product (gpt-oss: its gathered biases and clamps too); down: the sorted
+    input, the down output, the weighted and the un-permuted outputs (float32 where the routing weights are:
+    DeepSeek). Qwen2-MoE keeps its shared expert's output. The router: logits and their float32 softmax."""
+    moe = shape.inventory.moe
+    h, i, k = shape.hidden, moe.expert_intermediate, moe.top_k
+    w = 4 if "deepseek" in moe.block_class else b
+    up = b * (h + (9 if "gpt_oss" in moe.block_class else 4) * i)
+    down = h * (2 * b + 2 * w)
+    shared = b * h if moe.shared_experts and "qwen2_moe" in moe.block_class else 0
+    into = base + 2 * b * h  # the residual and the normed input
+    router = into + moe.num_experts * (b + 4)
+    return {"experts": into + shared + k * (max(up, down) + MOE_PAIR_BYTES), "gate": router, "router": router}
 
 
 _ALIASES = {  # module name endings of other families -> the Llama step they play

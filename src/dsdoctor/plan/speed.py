@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from dsdoctor.model.moe import experts_touched
+
 # Assumed figures, used only where no profile gives a measured one (and then named in DSD205). They are
 # the previous release's generic values: datasheet bandwidths x efficiency, and the 2 x H200 host's latencies.
 ASSUMED = {
@@ -131,14 +133,24 @@ def hooked_modules(shape) -> int:
 
 
 def _linear_params(shape) -> tuple[int, int, int]:
-    """(decoder linear elements, lm_head elements, embedding elements)."""
+    """(decoder linear elements but the routed experts', lm_head elements, embedding elements)."""
     inv = shape.inventory
-    lin = sum(p.numel for p in inv.params if p.kind == "linear" and p.layer is not None)
+    lin = sum(p.numel for p in inv.params if p.kind == "linear" and p.layer is not None and not p.expert)
     emb = sum(p.numel for p in inv.params if p.kind == "embedding")
     head = sum(p.numel for p in inv.params if p.kind == "lm_head")
     if not head and inv.tied:
         head = emb
     return lin, head, emb
+
+
+def expert_elems(shape, tokens: int) -> tuple[int, float, float]:
+    """A MoE's routed expert elements: (all, those ``tokens`` tokens read, those one token multiplies by).
+    Plain decode reads only the experts its tokens chose; ZeRO-3 gathers all of them (``StepTerms.moved``)."""
+    moe = shape.inventory.moe
+    if moe is None or not moe.num_experts:
+        return 0, 0.0, 0.0
+    routed = sum(p.numel for p in shape.inventory.params if p.expert)
+    return routed, routed * experts_touched(moe, tokens) / moe.num_experts, routed * moe.top_k / moe.num_experts
 
 
 def _elementwise_bytes_per_token(shape, b: int, tp: int) -> float:
@@ -190,9 +202,10 @@ def _decode_terms(shape, wl, terms: StepTerms, f: Figures) -> tuple[dict, dict]:
     v, b, tp = f.values, wl.dtype_bytes, terms.tp
     B, S, T = wl.batch, wl.prompt_len, wl.new_tokens
     lin, head, emb = _linear_params(shape)
-    other = shape.inventory.num_params - lin - head - (emb if head != emb or not shape.inventory.tied else 0)
+    routed, touched, per_token = expert_elems(shape, B)
+    other = shape.inventory.num_params - lin - head - routed - (emb if head != emb or not shape.inventory.tied else 0)
     per_rank_lin = lin / tp
-    read = (per_rank_lin + head / tp + max(other, 0)) * b  # the embedding is looked up, not read whole
+    read = (per_rank_lin + head / tp + max(other, 0) + touched) * b  # the embedding is looked up, not read whole
     avg_ctx = S + T / 2
     kv_read = 0.0
     for elems, window in zip(shape.kv_elems_per_token, shape.kv_window):
@@ -200,7 +213,7 @@ def _decode_terms(shape, wl, terms: StepTerms, f: Figures) -> tuple[dict, dict]:
         kv_read += B * kept * elems * b / tp
     overhead = _by_batch(v, "token", B) + shape.layers * _by_batch(v, "layer", B)
     terms_s = {"eager": overhead}
-    terms_s["weights"] = max(read / f.hbm_read, 2 * (per_rank_lin + head / tp) * B / f.matmul_flops)
+    terms_s["weights"] = max(read / f.hbm_read, 2 * (per_rank_lin + head / tp + per_token) * B / f.matmul_flops)
     terms_s["kv_cache"] = kv_read / f.hbm_read
     if tp > 1:
         terms_s["allreduce"] = shape.layers * 2 * v["autotp_allreduce_s"]
@@ -217,8 +230,9 @@ def _prefill_s(shape, wl, tp: int, f: Figures) -> float:
     lin, head, _emb = _linear_params(shape)
     per_rank_lin = lin / tp
     M = B * S
-    mm = 2 * per_rank_lin * M / f.matmul_flops
-    mm = max(mm, per_rank_lin * b / f.hbm_read) + max(2 * head / tp * B / f.matmul_flops, head / tp * b / f.hbm_read)
+    _routed, touched, per_token = expert_elems(shape, M)
+    mm = 2 * (per_rank_lin + per_token) * M / f.matmul_flops
+    mm = max(mm, (per_rank_lin + touched) * b / f.hbm_read) + max(2 * head / tp * B / f.matmul_flops, head / tp * b / f.hbm_read)
     att = 0.0
     for window in shape.kv_window:
         ctx = min(S, window) if window else S

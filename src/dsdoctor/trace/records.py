@@ -62,6 +62,7 @@ class RankRecord:
     train: list[dict] = field(default_factory=list)  # engine.backward / engine.step: {"t", "kind", "duration_s"}
     exited: bool = False
     stack: str | None = None
+    experts: list[tuple[int, int, int]] = field(default_factory=list)  # (forward, layer, expert) entered under ZeRO-3
 
     @property
     def engine(self) -> dict | None:
@@ -92,7 +93,8 @@ _EVENT_FIELDS = {
     "max_new_tokens": _INT, "encoder_decoder": _BOOL, "is_encoder_decoder": _BOOL, "model_class": _STR,
     "num_params": _INT, "param_dtype": _STR, "model_config": _DICT, "hf_zero3": _BOOL, "hf_zero3_alive": _BOOL,
     "model_at_initialize": _DICT, "gather_once": _STR, "already_gathered": _BOOL, "param_bytes": _NUM,
-    "gather_bytes_per_forward": _NUM, "is_zero3": _BOOL,
+    "gather_bytes_per_forward": _NUM, "is_zero3": _BOOL, "forward": _INT, "layer": _INT, "expert": _INT,
+    "moe_gathers": _DICT, "moe": _DICT,
 }
 _NESTED_FIELDS = {
     "engine": {"engine": _STR, "zero_stage": _INT, "offload_param": _STR, "offload_param_pin_memory": _BOOL,
@@ -196,7 +198,7 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
                         "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
                 setattr(ph, key, ev.get(key))
             ph.host_rss_end = ev.get("host_rss")
-            for key in ("engine", "model", "forwards", "new_tokens_per_seq"):
+            for key in ("engine", "model", "forwards", "new_tokens_per_seq", "moe_gathers"):
                 if ev.get(key) is not None:
                     ph.info[key] = ev[key]
         elif kind == "config":
@@ -207,6 +209,8 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
             rec.shard_loads.extend(ev.get("files") or [])
         elif kind == "train":
             rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
+        elif kind == "expert" and all(isinstance(ev.get(k), int) for k in ("forward", "layer", "expert")):
+            rec.experts.append((ev["forward"], ev["layer"], ev["expert"]))
         elif kind == "uncaught":
             rec.uncaught = ev.get("error")
         elif kind == "exit":

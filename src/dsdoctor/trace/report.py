@@ -18,6 +18,7 @@ from dsdoctor.report.render import (
     text_table,
 )
 from dsdoctor.trace import loop as gen_loop
+from dsdoctor.trace import moe_rules
 from dsdoctor.trace.ending import ending_text, main_frames, progressing
 from dsdoctor.trace.loop_rules import loop_findings
 from dsdoctor.trace.records import PhaseRecord, RankRecord
@@ -523,6 +524,7 @@ def trace_findings(ranks: list[RankSummary], records: list[RankRecord], status: 
             phase = next((p["label"] for p in r.phases if p.get("error")), "after the last phase")
             out.append(Finding("DSD307", {"rank": r.rank, "phase": phase,
                                           "error": clip((r.error or {}).get("message", ""), 160)}))
+    out += moe_rules.different_experts(ranks, records) + moe_rules.gathers_per_layer(records)
     out += _ending_findings(ranks)
     out += _timeout_findings(ranks, status, timeout, timed_out)
     if status == "oom" and not any(f.code in ("DSD307", "DSD325") for f in out):

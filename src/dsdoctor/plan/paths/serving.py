@@ -31,7 +31,7 @@ from dsdoctor.plan.loading import plain_methods
 from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS, PathMemory, allocated
 from dsdoctor.plan.paths.base import LoadPath
 from dsdoctor.plan.paths.plain import plain_layout
-from dsdoctor.plan.speed import Speed, _by_batch, _linear_params, _prefill_s
+from dsdoctor.plan.speed import Speed, _by_batch, _linear_params, _prefill_s, expert_elems
 from dsdoctor.plan.workload import Workload
 
 VLLM_UTILIZATION = 0.9  # gpu_memory_utilization's default
@@ -97,11 +97,12 @@ def engine_speed(shape, wl: Workload, figures, k: int, batch: int) -> Speed:
     b = wl.dtype_bytes
     inv = shape.inventory
     lin, head, emb = _linear_params(shape)
-    other = inv.num_params - lin - head - (emb if head != emb or not inv.tied else 0)
-    read = ((lin + head) / k + max(other, 0)) * b  # as plain's step reads: the embedding is looked up, not read
+    routed, touched, per_token = expert_elems(shape, batch)  # a MoE reads the experts its tokens chose
+    other = inv.num_params - lin - head - routed - (emb if head != emb or not inv.tied else 0)
+    read = ((lin + head + touched) / k + max(other, 0)) * b  # as plain's step reads: the embedding is looked up
     avg_ctx = wl.prompt_len + wl.new_tokens / 2
     host = engine_step_s(figures, batch)
-    terms = {"weights": max(read / figures.hbm_read, 2 * (lin + head) / k * batch / figures.matmul_flops),
+    terms = {"weights": max(read / figures.hbm_read, 2 * (lin + head + per_token) / k * batch / figures.matmul_flops),
              "kv_cache": batch * avg_ctx * _kv_bytes_per_token(shape, b, k) / figures.hbm_read,
              "engine_step": host}
     if k > 1:

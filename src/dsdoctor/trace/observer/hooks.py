@@ -21,6 +21,7 @@ import threading
 
 from dsdoctor.model.exact import count_parameters
 from dsdoctor.trace.observer import loop, recorder
+from dsdoctor.trace.observer.experts import ExpertGathers
 
 _SHARD_FILE = re.compile(r"(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:model|optim)_states\.pt$")
 _shard_loads: list[str] = []
@@ -537,8 +538,13 @@ def _patch_generation(gu):
                 (gather or "observer error")
             if isinstance(gather, str):
                 gather = None
+        moe = _safe(ExpertGathers, self, rec) if info.get("zero3_partitioned") and gather is None else None
+        if moe is not None and moe.info:
+            info["moe"] = moe.info
         token = _safe(rec.begin, "generate", api="generate", **info)
         if token is None:
+            if moe is not None:
+                _safe(moe.close)
             return original(self, *args, **kwargs)
         counter = _safe(loop.ForwardCounter, self)
         stack = contextlib.ExitStack()
@@ -551,9 +557,10 @@ def _patch_generation(gu):
             with stack:
                 out = original(self, *args, **kwargs)
         except BaseException as exc:
-            _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None)
+            _safe(rec.end, token, error=exc, forwards=counter.close() if counter else None,
+                  moe_gathers=_safe(moe.close) if moe else None)
             raise
-        extra = {"forwards": counter.close() if counter else None}
+        extra = {"forwards": counter.close() if counter else None, "moe_gathers": _safe(moe.close) if moe else None}
         extra.update(_safe(_generated_tokens, out, info) or {})
         _safe(rec.end, token, **extra)
         return out
