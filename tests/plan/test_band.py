@@ -46,7 +46,7 @@ def test_band_data_is_what_the_script_computes_from_the_archives():
 
 def test_upper_figure_is_never_below_the_prediction():
     assert Band(0.9, 0.97, 4, "archived").upper(1000) == 1000
-    assert Band(0.99, 1.18, 4, "archived").upper(1000) == 1180
+    assert Band(0.99, 1.18, 4, "archived").upper(1000) == 1180 and Band(1, 1.001, 1, "here").upper(999) == 1000
 
 
 def test_paths_without_runs_take_the_widest_band():
@@ -131,3 +131,14 @@ def test_band_is_printed_on_every_memory_figure_and_in_json():
     d = json.loads(json.dumps(res.to_dict()))
     assert d["paths"][0]["band"]["reserved"]["n"] == b["n"] and d["paths"][0]["upper_bytes"] == plain.upper_bytes
     assert "unmeasured:" in res.to_markdown("en")
+
+
+def test_diagnose_summary_says_edge():
+    from dsdoctor.report.summary import path_figures, verdict
+
+    roomy = plan(LLAMA, gpu_memory="80GiB", **ONE_GPU).path("plain")
+    res = plan(LLAMA, gpu_memory=(_line(roomy) + roomy.upper_bytes) // 2, **ONE_GPU)
+    assert path_figures(res, "plain")["verdict"] == "edge"
+    text = verdict(plan_result=res, path="plain")
+    assert "DSD234" in text["en"] and "--measure" in text["zh"]
+    assert "DSD234" not in verdict(plan_result=res, path=res.recommended.path)["en"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ class Band:
 
     def upper(self, predicted: int) -> int:
         """The prediction times the worst case, never below the prediction."""
-        return int(predicted * max(self.high, 1.0))
+        return math.ceil(predicted * max(self.high, 1.0))
 
     def to_dict(self) -> dict:
         return {"low": self.low, "high": self.high, "n": self.n, "source": self.source}
