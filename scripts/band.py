@@ -144,6 +144,13 @@ def verdicts(snapshot: Path, data: dict, room: float = 0.08) -> dict:
             "roomy_not_called_fits": roomy["edge"] + roomy["does not fit"]}
 
 
+def _text(data: dict) -> str:
+    """band.json as written: one line per entry and per family (a diff shows which band moved)."""
+    head = [f' {json.dumps(k)}: {json.dumps(v, sort_keys=True)}' for k, v in sorted(data.items()) if k != "families"]
+    fams = ",\n".join(f'  {json.dumps(f)}: {json.dumps(v, sort_keys=True)}' for f, v in data["families"].items())
+    return "{\n" + ",\n".join([*head, ' "families": {\n' + fams + "\n }"]) + "\n}\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with band.json; exit 1 when it differs")
@@ -166,7 +173,7 @@ def main(argv=None) -> int:
             snap = Path(tmp)
             guard.reestimates(snap)
         data = compute(snap)
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    text = _text(data)
     if args.check:
         same = DATA.is_file() and json.loads(DATA.read_text()) == data
         print("band.json is what the archives give" if same else "band.json differs from what the archives give: "
