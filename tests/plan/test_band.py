@@ -75,7 +75,7 @@ def test_a_run_of_this_shape_sets_its_band_and_an_oom_raises_it():
     shape = {"model": {"model_type": "llama"}, "batch": 4, "prompt_len": 1024, "new_tokens": 64, "gpus": 1, "dtype": "bf16"}
     key = shape_key(path="plain", **shape)
     exact = Bands(archived(), [_run(ratio=1.005, shape=key)], shape).for_path("plain")["reserved"]
-    assert exact == Band(1.005, 1.005, 1, "exact")
+    assert exact == Band(1.005, 1.005, 1, "exact")  # 4 decimals, outwards
     assert Bands(archived(), [_run(ratio=1.005, shape="other")], shape).for_path("plain")["reserved"].source == "archived"
     oom = Bands(archived(), [_run(observed="oom", shape=key, cap=1100)], shape).for_path("plain")["reserved"]
     assert oom.upper(1000) > 1100  # it needed more than the cap it ran out of memory under

@@ -53,8 +53,13 @@ def summarize(rows: list[dict]) -> dict:
                 b[key] = sorted([*b[key], value])
     for figures in out.values():
         for b in figures.values():
-            b["low"], b["high"] = round(b["low"], 4), round(b["high"], 4)
+            b["low"], b["high"] = _rounded(b["low"], b["high"])
     return {f: out[f] for f in sorted(out)}
+
+
+def _rounded(low: float, high: float) -> tuple[float, float]:
+    """Four decimals, outwards: the worst case is never rounded below what was measured."""
+    return math.floor(round(low * 1e4, 6)) / 1e4, math.ceil(round(high * 1e4, 6)) / 1e4
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ def _exact(runs: list, fig: str) -> Band:
             ratios.append((r["cap_bytes"] + 1) / r["predicted"][fig])
     if not ratios:
         return Band(1.0, 1.0, 0, "exact")
-    return Band(round(min(ratios), 4), round(max(ratios), 4), len(runs), "exact")
+    return Band(*_rounded(min(ratios), max(ratios)), len(runs), "exact")
 
 
 def load_bands(profile, shape: dict | None) -> Bands:
