@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from dsdoctor.errors import InputError
 from dsdoctor.i18n import message_table, pick
+from dsdoctor.plan.api import plan_request
 from dsdoctor.plan.band import family, shape_key
 from dsdoctor.report.render import Style, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_rate
@@ -87,7 +88,6 @@ def measure(req, run=run_job) -> MeasureResult:
     )
     from dsdoctor.machine import nvidia_smi_gpus
     from dsdoctor.model.spec import load_model_spec
-    from dsdoctor.plan.api import plan_request
 
     gpus = nvidia_smi_gpus()
     if not gpus:
