@@ -78,7 +78,8 @@ def run_cli(*args: str, env: dict | None = None, cwd=None, timeout: float = 120)
     return run_process([sys.executable, "-m", "dsdoctor", *map(str, args)], env=full_env, cwd=cwd, timeout=timeout)
 
 
-def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float = 120,
+                input_text: str | None = None) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` that cannot hang the suite.
 
     subprocess.run kills only the direct child on a timeout and then waits for EOF on the pipes, which
@@ -86,9 +87,10 @@ def run_process(cmd: list, *, env: dict | None = None, cwd=None, timeout: float 
     a timeout ends the child's whole process tree (dsdoctor.proctree) before reading what is left.
     """
     proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd, start_new_session=True)
+                            env=env, cwd=cwd, start_new_session=True,
+                            stdin=subprocess.PIPE if input_text is not None else None)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input=input_text, timeout=timeout)
     except subprocess.TimeoutExpired:
         terminate_tree(proc, grace_s=2.0)  # ranks torchrun starts in sessions of their own too
         try:

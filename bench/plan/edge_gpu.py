@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -91,7 +89,67 @@ HOLDOUT_CASES = [
     case("qwen2-7b", "zero3", 8, 1000, 8, measure=True),
     case("nemo-12b", "zero3-offload", 4, 2048, 4, measure=True),
 ]
-TINY_CASES = [case("tiny", "plain", 2, 16, 4), case("tiny", "zero3", 2, 16, 4),
+
+# Hold-out set 2 (issue 29), chosen before running, none run yet: mixtures of experts, offload with long prompts,
+# large vocabularies, sliding-window and hybrid (sliding + global) caches. Real configs from tests/data/arch_configs
+# (random bf16 weights: a quantization_config is dropped), and three shapes scaled from them so that three capped
+# lanes fit one H200 at once (every line below about 45 GiB; the largest host side, gpt-oss offloaded, 42 GB pinned).
+def _arch(name: str, **change) -> dict:
+    cfg = json.loads((ROOT / "tests" / "data" / "arch_configs" / f"{name}.json").read_text())
+    cfg.pop("quantization_config", None)
+    return dict(cfg, **change)
+
+
+HOLDOUT2_MODELS = {
+    "olmoe-1b-7b": _arch("olmoe-1b-7b"),  # 64 experts, top-8, no shared expert
+    "qwen1.5-moe": _arch("qwen1.5-moe-a2.7b"),  # 60 experts top-4 + a gated shared expert, 152k vocabulary
+    "deepseek-v2-lite": _arch("deepseek-v2-lite"),  # MLA attention, 64 routed + 2 shared experts
+    "mixtral-8l": _arch("mixtral-8x7b", num_hidden_layers=8),  # Mixtral's experts (8, top-2), 8 of its 32 layers
+    "gpt-oss-20b": _arch("gpt-oss-20b"),  # 32 experts top-4, sliding 128 / full alternating, 201k vocabulary
+    "gemma2-9b": _arch("gemma-2-9b"),  # sliding 4096 / global alternating, 256k vocabulary, softcapping
+    "gemma2-2b": _arch("gemma-2-9b", hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                       num_attention_heads=8, num_key_value_heads=4, head_dim=256, tie_word_embeddings=True),
+    "gemma3-4b": dict(_arch("gemma-2-9b"), model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                      hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+                      num_key_value_heads=4, head_dim=256, vocab_size=262208, sliding_window=1024,
+                      layer_types=[("full_attention" if (i + 1) % 6 == 0 else "sliding_attention") for i in range(34)],
+                      rope_theta=1000000.0, rope_local_base_freq=10000.0, max_position_embeddings=131072,
+                      query_pre_attn_scalar=256, final_logit_softcapping=None, attn_logit_softcapping=None,
+                      tie_word_embeddings=True),
+    "qwen3-8b": _arch("qwen3-8b"),  # q/k norms, 152k vocabulary
+}
+HOLDOUT2_CASES = [
+    # mixtures of experts: router logits, top-k, dispatched tokens, expert workspaces
+    case("olmoe-1b-7b", "plain", 8, 2048, 16, measure=True),
+    case("olmoe-1b-7b", "zero3", 4, 4096, 8, measure=True),
+    case("qwen1.5-moe", "plain", 4, 2048, 16, measure=True),
+    case("qwen1.5-moe", "zero3-offload", 2, 4096, 4, measure=True),
+    case("deepseek-v2-lite", "plain", 4, 2048, 16, measure=True),
+    case("mixtral-8l", "plain", 4, 4096, 8, measure=True),
+    case("gpt-oss-20b", "zero3-offload", 2, 8192, 4, measure=True),
+    # offload with long prompts
+    case("llama-8b", "zero3-offload", 1, 16384, 4, measure=True),
+    case("qwen2-7b", "zero3-offload", 2, 8192, 4, measure=True),
+    case("nemo-12b", "zero3-offload", 1, 16000, 4, measure=True),
+    case("gemma2-9b", "zero3-offload", 1, 8192, 4, measure=True),
+    # large vocabularies
+    case("gemma2-2b", "plain", 16, 1024, 16, measure=True),
+    case("gemma2-2b", "zero3", 8, 2048, 8, measure=True),
+    case("qwen2.5-3b", "zero3-offload", 8, 2048, 4, measure=True),
+    case("llama-3b", "plain", 32, 1024, 16, measure=True),
+    # sliding-window and hybrid caches, prompts past the window
+    case("mistral-7b", "plain", 2, 8192, 16, measure=True),
+    case("mistral-7b", "zero3", 4, 6144, 8, measure=True),
+    case("gemma2-9b", "plain", 2, 8192, 16, measure=True),
+    case("gemma2-9b", "zero3", 4, 4096, 8, measure=True),
+    case("gemma3-4b", "plain", 4, 8192, 16, measure=True),
+    case("gemma3-4b", "zero3", 2, 16384, 8, measure=True),
+    case("qwen3-8b", "plain", 4, 4096, 16, measure=True),
+]
+# Phi-3's pad_token_id (32000) inside a 32064 vocabulary: the zero3 case that crashed the hold-out run
+TINY_PHI3 = dict(PHI3, hidden_act="silu", hidden_size=96, intermediate_size=256, num_hidden_layers=2,
+                 num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=256, original_max_position_embeddings=256)
+TINY_CASES = [case("tiny", "plain", 2, 16, 4), case("tiny", "zero3", 2, 16, 4), case("tiny-phi3", "zero3", 2, 16, 4),
               case("tiny", "zero3-offload", 1, 8, 3, measure=True)]
 
 
@@ -132,106 +190,33 @@ def caps_for(pred: dict, delta: float) -> dict:
 
 # ------------------------------------------------------------------------------------------ one run
 
-def worker(job: dict, models: Path, rec_path: Path, go: Path | None) -> int:  # noqa: C901, PLR0912, PLR0915 (the GPU driver as it ran)
-    """One run in this process: build, generate twice, under the job's cap. Writes ``rec_path``."""
+def worker(job: dict, models: Path, rec_path: Path, go: Path | None) -> int:
+    """One run in this process: build, generate twice, under the job's cap (``dsdoctor.calibrate.run_case``, the
+    runner ``plan --measure`` uses). Waits for its go file before the load. Writes ``rec_path``."""
+    from dsdoctor.calibrate.run_case import run
+
     c = job["case"]
-    import torch
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    zero3 = c["path"].startswith("zero3")
-    cuda = torch.cuda.is_available()
-    if zero3:
-        import deepspeed  # noqa: F401  (before the GPU is ours)
-    cfg = AutoConfig.from_pretrained(models / c["model"])
-    import transformers.generation.utils  # noqa: F401  (a lazy import inside zero.Init breaks)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    config = json.loads((models / c["model"] / "config.json").read_text())
     concurrent = 0
-    if go is not None:
-        while not go.exists():
-            time.sleep(0.05)
-        concurrent = int(go.read_text() or 0)
-    rec = {"id": job["id"], "ok": False, "observed": "error", "phase": "start", "concurrent": concurrent,
-           "started": time.time(), "cap_applied": False}
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    torch.set_default_dtype(torch.bfloat16)
-    B, S, T = c["batch"], c["prompt_len"], c["new_tokens"]
-    engine = None
-    try:
-        if cuda:
-            torch.cuda.set_device(0)
-            total = torch.cuda.get_device_properties(0).total_memory
-            rec["device"], rec["total_bytes"] = torch.cuda.get_device_name(), total
-            if job.get("cap_bytes"):
-                torch.cuda.set_per_process_memory_fraction(min(job["cap_bytes"] / total, 1.0), 0)
-                rec["cap_applied"] = True
-            torch.cuda.reset_peak_memory_stats()
-            if job.get("history"):
-                torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
-                                                         max_entries=5_000_000)
-        rec["phase"] = "load"
-        if not zero3:
-            with torch.device(device):
-                model = model_cls(cfg)
-        else:
-            import deepspeed
 
-            for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-                os.environ.setdefault(k, v)
-            if "MASTER_PORT" not in os.environ:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-            deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
-            zero = {"stage": 3}
-            if c["path"] == "zero3-offload":
-                zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-            config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}, "zero_optimization": zero,
-                      "steps_per_print": 10**9}
-            with deepspeed.zero.Init(config_dict_or_path=config, dtype=torch.bfloat16):
-                model = model_cls(cfg)
-            engine = deepspeed.initialize(model=model, config=config)[0]
-            model = engine.module
-        model.eval()
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(3, cfg.vocab_size, (B, S), generator=g).to(device)
-        mask = torch.ones_like(ids)
-        for phase in ("warmup", "timed"):
-            rec["phase"] = phase
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=T, min_new_tokens=T,
-                                     do_sample=False, pad_token_id=0)
-            if cuda:
-                torch.cuda.synchronize()
-            assert out.shape == (B, S + T), out.shape
-            rec[f"{phase}_s"] = time.perf_counter() - t0
-        rec.update(ok=True, observed="fits", phase="done")
-    except Exception as exc:  # noqa: BLE001 -- out of memory is an answer; anything else is recorded
-        oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-        rec["observed"] = "oom" if oom else "error"
-        rec["error"] = f"{type(exc).__name__}: {exc}"[:600]
-        if not oom:
-            rec["traceback"] = traceback.format_exc()[-2000:]
-    if cuda:
-        rec["peak_allocated"] = torch.cuda.max_memory_allocated()
-        rec["peak_reserved"] = torch.cuda.max_memory_reserved()
-        st = torch.cuda.memory_stats()
-        rec["alloc_retries"], rec["num_ooms"] = st.get("num_alloc_retries"), st.get("num_ooms")
-        free, total = torch.cuda.mem_get_info()
-        rec["outside_measured"] = total - free - torch.cuda.memory_reserved()
-        if job.get("history"):
+    def start(torch):
+        nonlocal concurrent
+        if go is not None:
+            while not go.exists():
+                time.sleep(0.05)
+            concurrent = int(go.read_text() or 0)
+        if job.get("history") and torch.cuda.is_available():
+            torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                                     max_entries=5_000_000)
+
+    def end(torch, rec):
+        if job.get("history") and torch.cuda.is_available():
             rec["history_file"] = _write_history(torch, rec_path.parent, job["id"])
-    rec["wall_s"] = time.time() - rec["started"]
+
+    rec = run({"config": config, "path": c["path"], "batch": c["batch"], "prompt_len": c["prompt_len"],
+               "new_tokens": c["new_tokens"], "dtype": "bf16", "cap_bytes": job.get("cap_bytes")}, start, end)
+    rec.update(id=job["id"], concurrent=concurrent)
     rec_path.write_text(json.dumps(rec))
-    if engine is not None:
-        try:
-            engine.destroy()
-        except Exception:  # noqa: BLE001
-            pass
     return 0
 
 
@@ -426,9 +411,11 @@ def measure(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     cuda = _cuda_available()
-    models, cases = (TINY_MODELS, TINY_CASES) if a.tiny else (MODELS, CASES)
+    models, cases = (dict(TINY_MODELS, **{"tiny-phi3": TINY_PHI3}), TINY_CASES) if a.tiny else (MODELS, CASES)
     if a.set == "holdout":
         models, cases = dict(MODELS, **HOLDOUT_MODELS), HOLDOUT_CASES
+    if a.set == "holdout2":
+        models, cases = dict(MODELS, **HOLDOUT_MODELS, **HOLDOUT2_MODELS), HOLDOUT2_CASES
     if a.only:
         keys = a.only.split(",")
         cases = [c for c in cases if any(k in c["id"] for k in keys)]
@@ -473,7 +460,7 @@ def reestimate(a) -> int:
     """Plan again, with the current code, for recorded runs: is its verdict right at the recorded caps?"""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    models_dir = write_models(out, {**MODELS, **HOLDOUT_MODELS, **TINY_MODELS})
+    models_dir = write_models(out, {**MODELS, **HOLDOUT_MODELS, **HOLDOUT2_MODELS, **TINY_MODELS, "tiny-phi3": TINY_PHI3})
     recs = []
     for f in a.reestimate:
         f = Path(f)
@@ -515,8 +502,8 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=3)
     ap.add_argument("--delta", type=float, default=DELTA)
     ap.add_argument("--only", default=None)
-    ap.add_argument("--set", choices=("run1", "holdout"), default="run1",
-                    help="run1: the cases of edge run 1; holdout: shapes and sizes no bench ran before")
+    ap.add_argument("--set", choices=("run1", "holdout", "holdout2"), default="run1",
+                    help="run1: the cases of edge run 1; holdout, holdout2: shapes and sizes no bench ran before")
     ap.add_argument("--reestimate", nargs="+", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--models", default=None, help=argparse.SUPPRESS)

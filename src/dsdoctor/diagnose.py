@@ -221,7 +221,8 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
         summary = fill(SUMMARY["fastest path"], answer=TEXT["yes" if needs_zero3 else "no"], path=rec.path,
                        why=rec.why)
     step = Step("need-zero3", "done", summary, list(result.findings), _details(result, lang),
-                data={"recommended": rec.to_dict(lang), "needs_zero3": needs_zero3}, artifacts=artifacts)
+                data={"recommended": rec.to_dict(lang), "needs_zero3": needs_zero3,
+                      "verdict": chosen.verdict if chosen else None}, artifacts=artifacts)
     return step, result
 
 

@@ -9,6 +9,7 @@ Schema (``"schema": "dsdoctor-machine-profile/1"``):
   calibrated_at ISO-8601 UTC; duration_s
   measured      figure name -> number (bytes/s, seconds, FLOP/s, bytes); see FIGURES
   not_measured  figure name -> why (no GPU, one GPU, no nvme_path, DeepSpeed missing, ...)
+  runs          memory runs ``plan --measure`` made here (``RUN_KEYS``): plan's band for this machine (plan/band.py)
 """
 from __future__ import annotations
 
@@ -93,6 +94,39 @@ def cache_path(fp: str) -> Path:
     return cache_dir() / f"machine-{fp}.json"
 
 
+# one run of ``plan --measure``: the path and shape it ran, plan's figures and what the GPU measured
+RUN_KEYS = {"path": str, "family": str, "shape": str, "model_type": str, "batch": int, "prompt_len": int,
+            "new_tokens": int, "gpu": str, "gpu_memory": int, "cap_bytes": int, "observed": str, "date": str,
+            "predicted": dict, "measured": dict, "first_tokens_per_s": float, "steady_tokens_per_s": float}
+RUN_OBSERVED = ("fits", "oom")
+MAX_RUNS = 200
+
+
+def _valid_run(r) -> bool:
+    if not isinstance(r, dict) or r.get("observed") not in RUN_OBSERVED:
+        return False
+    for k, t in RUN_KEYS.items():
+        v = r.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float) if t is float else t)):
+            return False
+    figures = [(r.get(part) or {}).get(k) for part in ("predicted", "measured") for k in ("allocated", "reserved")]
+    return all(isinstance(r.get(k), str) for k in ("path", "family", "shape")) and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**50 for v in figures)
+
+
+def _runs(value, where: str) -> list:
+    """The ``runs`` of a profile, checked: a damaged or crafted one is refused, not half read."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_RUNS:
+        raise InputError(f"{where}: 'runs' must be a list of at most {MAX_RUNS} measured runs")
+    for i, r in enumerate(value):
+        if not _valid_run(r):
+            raise InputError(f"{where}: runs[{i}] is not a run plan --measure recorded (path, family, shape, observed "
+                             f"{' or '.join(RUN_OBSERVED)}, predicted and measured allocated and reserved bytes)")
+    return value
+
+
 @dataclass
 class MachineProfile:
     fingerprint: str
@@ -103,6 +137,7 @@ class MachineProfile:
     software: dict = field(default_factory=dict)
     duration_s: float | None = None
     source: str | None = None  # the file it was read from
+    runs: list = field(default_factory=list)  # memory runs plan --measure made here (RUN_KEYS)
 
     def get(self, name: str, default=None):
         v = self.measured.get(name)
@@ -115,7 +150,8 @@ class MachineProfile:
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "fingerprint": self.fingerprint, "machine": self.machine,
                 "software": self.software, "calibrated_at": self.calibrated_at, "duration_s": self.duration_s,
-                "measured": self.measured, "not_measured": self.not_measured}
+                "measured": self.measured, "not_measured": self.not_measured,
+                **({"runs": self.runs} if self.runs else {})}
 
     @classmethod
     def from_dict(cls, d: dict, source: str | None = None) -> MachineProfile:
@@ -146,7 +182,7 @@ class MachineProfile:
         fp = d.get("fingerprint") or fingerprint(machine)
         return cls(str(fp), machine, str(d.get("calibrated_at") or ""), clean,
                    {str(k): str(v) for k, v in not_measured.items()}, d.get("software") or {}, d.get("duration_s"),
-                   source)
+                   source, _runs(d.get("runs"), where))
 
 
 def load_profile(path) -> MachineProfile:

@@ -16,7 +16,8 @@ EXAMPLES = """\
   dsdoctor plan --model ./Llama-2-7b --gpus 2 --batch 4 --new-tokens 32 --loop   # RLHF/GRPO rollouts
   dsdoctor plan --loop --model ./llama-7b --ref ./llama-7b:frozen --critic 7B --reward 7B:frozen --gpus 8
   dsdoctor plan --loop --job run_step3.sh --gpu-memory 40GiB   # a DeepSpeed-Chat/OpenRLHF/verl/trl launch line
-  dsdoctor plan --model ./Qwen2-72B --gpus 8 --host-memory 1TiB --transformers-version 4.44.2"""
+  dsdoctor plan --model ./Qwen2-72B --gpus 8 --host-memory 1TiB --transformers-version 4.44.2
+  dsdoctor plan --model ./Qwen2-7B --batch 4 --prompt-len 4096 --gpu-memory 24GiB --measure   # on a GPU machine"""
 
 
 JOB_FLAGS = ("job", "ref", "critic", "reward")  # any of them: an RL job
@@ -65,19 +66,30 @@ def register(sub):
     add_request_flags(job, JobRequest, skip=added)
     p.add_argument("--plot", metavar="DIR", default=None, help="write plan.png and plan.html into DIR (new)")
     p.add_argument("--force", action="store_true", help="replace an existing --plot directory")
+    p.add_argument("--measure", action="store_true",
+                   help="on a machine with a GPU: run the recommended path and any path at the edge for this exact "
+                        "shape (random weights), capped at --gpu-memory, print measured beside predicted and record "
+                        "the runs in this machine's profile (its band tightens)")
     add_output_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from dsdoctor.errors import InputError
     from dsdoctor.plan.api import plan
 
     if any(getattr(args, k) for k in JOB_FLAGS):
         return run_job(args)
     if args.model is None:
-        from dsdoctor.errors import InputError
-
         raise InputError("plan needs --model DIR (or, with --loop, --job FILE)")
+    if args.measure:
+        if args.loop or args.plot:
+            raise InputError("--measure runs one model's inference paths: without --loop and --plot")
+        from dsdoctor.plan.measure import measure
+
+        result = measure(PlanRequest(**request_values(args, PlanRequest)))
+        emit(result, args)
+        return exit_code(result.findings, args.fail_on)
     if args.plot:
         from dsdoctor.plan.plot import require_matplotlib
 

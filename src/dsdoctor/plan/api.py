@@ -20,6 +20,7 @@ from dsdoctor.model.inventory import apply_to_spec
 from dsdoctor.model.spec import load_model_spec, spec_from_config
 from dsdoctor.plan import findings as plan_findings
 from dsdoctor.plan import recommend as rec
+from dsdoctor.plan.band import load_bands
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
 from dsdoctor.plan.hardware import make_hardware
@@ -131,7 +132,9 @@ def plan_request(req: PlanRequest) -> PlanResult:
                                  loader=loading["loader"]), model=str(model),
         run_dtype=run_dtype, loop=req.loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),
         context_bytes=profile.get("context_bytes") if profile is not None else None, pos_limit=pos_limit,
-        hard_limit=hard, transformers=loading, hf_equality=req.hf_equality)
+        hard_limit=hard, transformers=loading, hf_equality=req.hf_equality,
+        bands=None if req.loop else load_bands(profile, {"model": spec.raw, "batch": wl.batch, "prompt_len": wl.prompt_len,
+                                                          "new_tokens": wl.new_tokens, "gpus": hw.gpus, "dtype": wl.dtype}))
     rows, plans = {}, []
     for path in paths_for(ctx):
         row = evaluate(path, ctx)
@@ -154,6 +157,7 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
     if ctx.loop:
         found += plan_findings.loop_findings(plans)
     found += plan_findings.scale_findings(plans, ctx.hw)
+    found += plan_findings.edge_findings(plans, chosen, ctx.hw)
     if not ctx.loop and not ctx.hf_equality:
         found += plan_findings.serving_findings(plans, chosen, serving_names(), lambda name: rows[name].launch(ctx))
     if not ctx.expandable:

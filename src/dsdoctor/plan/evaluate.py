@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dsdoctor.plan.band import Band
 from dsdoctor.plan.loading import apply_loading
 from dsdoctor.plan.memory import PathMemory
 from dsdoctor.plan.paths import LoadPath, PlanContext
@@ -13,11 +14,12 @@ MAX_BATCH_SEARCH = 4096
 MAX_CONTEXT = 131072  # the longest prompt searched when the model states no limit
 
 
-def fits(mem: PathMemory, hw) -> tuple[bool, list, str]:
+def fits(mem: PathMemory, hw, bands: dict | None = None) -> tuple[bool, list, str]:
     """Whether the path fits, what it does not fit (gpu: reserved + outside the allocator; host), and the
-    verdict: "fits", "does not fit", or "unverified": it fits only without an assumption of the reserved figure
-    that no measurement covers at this scale (``mem.reserved_assumption``: the host ahead of the GPU on several
-    ranks, ``paths/base.host_ahead``), and is not marked as out of memory on that figure alone."""
+    verdict: "fits" (with ``bands``: its upper figure fits too, ``upper_line``), "edge" (the prediction fits,
+    the upper figure does not), "does not fit", or "unverified": it fits only without an assumption of the
+    reserved figure that no measurement covers at this scale (``mem.reserved_assumption``: the host ahead of the
+    GPU on several ranks, ``paths/base.host_ahead``), and is not marked as out of memory on that figure alone."""
     limits = []
     outside = mem.gpu_outside_allocator_bytes
     over = mem.gpu_reserved_bytes + outside > hw.gpu_memory
@@ -27,7 +29,16 @@ def fits(mem: PathMemory, hw) -> tuple[bool, list, str]:
     if mem.host_peak_bytes > hw.host_memory:
         limits.append("host")
     verdict = "does not fit" if limits else "unverified" if over else "fits"
+    if verdict == "fits" and bands and upper_line(mem, bands) > hw.gpu_memory:
+        verdict = "edge"
     return not limits, limits, verdict
+
+
+def upper_line(mem: PathMemory, bands: dict) -> int:
+    """The upper figure of the line (plan/band.py): reserved and allocated each times their band's worst case
+    (reserved at least the allocated upper), plus the memory outside the allocator."""
+    reserved = max(bands["reserved"].upper(mem.gpu_reserved_bytes), bands["allocated"].upper(mem.gpu_peak_bytes))
+    return reserved + mem.gpu_outside_allocator_bytes
 
 
 def largest(fits_at, low: int, high: int) -> int | None:
@@ -70,6 +81,13 @@ def evaluate(path: LoadPath, ctx: PlanContext) -> PathPlan | None:
     methods = path.loading_methods(ctx, mem)
     method = apply_loading(mem, methods, ctx.hw.host_memory)[0] if methods else None
     speed = path.speed(ctx, mem)
-    fit = fits(mem, ctx.hw)
+    bands = ctx.bands.for_path(path.name) if ctx.bands is not None else None
+    if bands and path.serving:  # a serving engine's reserved is the pool it is told to take, not a prediction
+        bands["reserved"] = Band(1.0, 1.0, 0, "pool")
+    fit = fits(mem, ctx.hw, bands)
     searched = what_fits(path, ctx, mem, method) if path.searched else (None, None)
-    return path.row(ctx, mem, speed, fit, method, methods, searched)
+    row = path.row(ctx, mem, speed, fit, method, methods, searched)
+    if bands:
+        row.band = {fig: b.to_dict() for fig, b in bands.items()}
+        row.upper_bytes = upper_line(mem, bands)
+    return row

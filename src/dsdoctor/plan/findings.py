@@ -1,4 +1,4 @@
-"""What plan says about a plan: the findings DSD201-DSD214 and DSD220-DSD226 (their texts: ``plan/rules.json``)."""
+"""What plan says about a plan: the findings DSD201-DSD214, DSD220-DSD226 and DSD234 (their texts: ``plan/rules.json``)."""
 from __future__ import annotations
 
 from dsdoctor.config.versions import resolve_versions, version_tuple
@@ -11,6 +11,7 @@ from dsdoctor.units import human_age, human_bytes, human_rate
 
 _ENCODING_ZH = {"rotary": "RoPE", "alibi": "ALiBi"}
 FRAGMENTATION_FINDING = 0.15
+BAND_PHRASE = {"archived": "band archived", "here": "band here", "exact": "band exact", "unmeasured": "band unmeasured"}
 
 
 def config_findings(plans, chosen, knobs, config_path, hw, figures, profile=None) -> list[Finding]:
@@ -157,6 +158,28 @@ def scale_findings(plans: list, hw) -> list[Finding]:
         "without_figure": human_bytes(first["reserved_without_bytes"] + outside),
         "layers": first["layers_ahead"], "layer": human_bytes(first["layer_bytes"]),
         "capacity": human_bytes(hw.gpu_memory), "measured": first["measured_up_to_world"]})]
+
+
+def edge_findings(plans: list, chosen, hw) -> list[Finding]:
+    """DSD234 when the recommended path, or a faster one, fits by its prediction but not by the upper figure of
+    its measured band (plan/band.py): by how much, and what to do (measure it here, or the path that fits
+    outright)."""
+    edge = [p for p in plans if p.verdict == "edge" and (p is chosen or chosen is None or
+                                                         p.tokens_per_s * p.replicas > chosen.tokens_per_s * chosen.replicas)]
+    if not edge:
+        return []
+    first = edge[0]
+    outright = [p for p in plans if p.verdict == "fits" and not p.estimate]
+    then = max(outright, key=lambda p: p.tokens_per_s * p.replicas).name if outright else None
+    band = first.band["reserved"] if first.band["reserved"]["source"] != "pool" else first.band["allocated"]
+    return [Finding("DSD234", {
+        "paths": ", ".join(p.name for p in edge), "line": human_bytes(first.gpu_reserved_bytes
+                                                                       + first.gpu_outside_allocator_bytes),
+        "upper": human_bytes(first.upper_bytes), "capacity": human_bytes(hw.gpu_memory),
+        "over": human_bytes(first.upper_bytes - hw.gpu_memory),
+        "band": Phrase(BAND_PHRASE[band["source"]], {"low": f"{band['low'] - 1:+.0%}", "high": f"{band['high'] - 1:+.0%}",
+                                                  "n": band["n"]}),
+        "next": Phrase("next path", {"name": then}) if then else Phrase("no next path")})]
 
 
 def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Finding]:

@@ -36,15 +36,17 @@ def preference(name: str) -> tuple:
 def choose_tiered(plans: list, quantized: set) -> tuple:
     """Measured paths whose fit is verified first; a measured path that fits only unverified (DSD222) when
     none does; an estimate (device-map, serving engines) only when no measured path fits; quantized weights
-    (they change the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier
-    compared)."""
+    (they change the outputs) only when nothing in full precision fits. Within each tier a path that fits
+    outright (its band's upper figure fits) before one at the edge (DSD234). Returns (chosen or None, the
+    tier compared)."""
     measured = [p for p in plans if not p.estimate]
     tiers = [[p for p in measured if p.verdict != "unverified"], measured,
              [p for p in plans if p.name not in quantized], plans]
     for tier in tiers:
-        chosen = choose(tier)
-        if chosen is not None:
-            return chosen, tier
+        for subset in ([p for p in tier if p.verdict == "fits"], tier):
+            chosen = choose(subset)
+            if chosen is not None:
+                return chosen, tier
     return None, plans
 
 
@@ -78,4 +80,6 @@ def why(chosen, paths: list, lang: str) -> str:
     unfit = [p.name for p in others if not p.fits]
     if unfit:
         text += pick(WHY["unfit"], lang).format(names=", ".join(unfit))
+    if chosen.verdict == "edge":  # only paths at the edge of their measured band remain
+        text += pick(WHY["edge only"], lang)
     return text

@@ -22,6 +22,15 @@ def label(key: str, lang: str) -> str:
     return pick(LABELS.get(key, key), lang)
 
 
+def banded(value: int, band: dict | None, figure: str, lang: str) -> str:
+    """A memory figure with its measured band: ``21.3 GiB (+0%..+18%, n=25)`` (plan/band.py)."""
+    b = (band or {}).get(figure)
+    if not b:
+        return human_bytes(value)
+    return f"{human_bytes(value)} (" + pick(TEXT[f"band {b['source']}"], lang).format(
+        low=f"{b['low'] - 1:+.0%}", high=f"{b['high'] - 1:+.0%}", n=b["n"]) + ")"
+
+
 @dataclass
 class PathPlan:
     name: str
@@ -49,7 +58,9 @@ class PathPlan:
     estimate: bool = False  # modelled, not yet measured on a GPU
     fragmentation_bytes: int = 0  # reserved beyond allocated that the caching allocator cannot reuse
     speed_terms: dict = field(default_factory=dict)  # decode-step seconds by term
-    verdict: str = "fits"  # fits | does not fit | unverified (fits only without an unmeasured assumption)
+    verdict: str = "fits"  # fits | edge (only the prediction fits) | does not fit | unverified (see evaluate.fits)
+    band: dict | None = None  # figure -> measured / predicted band: low, high, n, source (plan/band.py)
+    upper_bytes: int | None = None  # the line's upper figure: reserved x the band's worst case + outside
     reserved_assumption: dict | None = None  # several ranks: what the reserved figure assumes (paths/base.host_ahead)
     first_generate_extra_s: float = 0.0  # the first generate of a process: this much longer (new KV lengths)
     first_generate_tokens_per_s: float = 0.0  # tokens_per_s is the steady state (a repeated generate)
@@ -96,14 +107,16 @@ class PlanResult:
             "findings": [f.to_dict(lang) for f in sort_findings(self.findings)],
         }
 
-    def _rows(self, lang: str, ok: str, no: str, unverified: str):
+    def _rows(self, lang: str, ok: str, no: str, unverified: str, edge: str):
         rows = []
         for p in self.paths:
             star = "*" if p.name == self.recommended.path else ""
             star += "~" if p.estimate else ""
-            fit = unverified if p.verdict == "unverified" else ok if p.fits else f"{no} " + ",".join(p.limits)
+            fit = {"unverified": unverified, "edge": edge}.get(p.verdict) or (
+                ok if p.fits else f"{no} " + ",".join(p.limits))
             rows.append((
-                p.name + star, p.ranks, human_bytes(p.gpu_peak_bytes), human_bytes(p.gpu_reserved_bytes),
+                p.name + star, p.ranks, banded(p.gpu_peak_bytes, p.band, "allocated", lang),
+                banded(p.gpu_reserved_bytes, p.band, "reserved", lang),
                 human_bytes(p.host_peak_bytes), p.loading or "-", fit,
                 human_rate(p.tokens_per_s, 1), p.max_batch if p.max_batch is not None else "-",
                 p.max_prompt_len if p.max_prompt_len is not None else "-",
@@ -187,7 +200,8 @@ class PlanResult:
 
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
-        head, rows = self._rows(lang, style.ok, style.error, f"{style.warning} gpu?")
+        head, rows = self._rows(lang, style.ok, style.error, f"{style.warning} gpu?",
+                                f"{style.warning} {pick(TEXT['edge'], lang)}")
         out = [self._header(lang), text_table(head, rows)]
         out.append(pick(TEXT["breakdown"], lang) + "\n" + "\n".join(self._breakdown_lines(lang)) + "\n")
         host = self._host_lines(lang)
@@ -206,7 +220,8 @@ class PlanResult:
         return "\n".join(x for x in out if x)
 
     def to_markdown(self, lang: str = "en") -> str:
-        head, rows = self._rows(lang, pick(TEXT["yes"], lang), pick(TEXT["no"], lang), pick(TEXT["unverified"], lang))
+        head, rows = self._rows(lang, pick(TEXT["yes"], lang), pick(TEXT["no"], lang), pick(TEXT["unverified"], lang),
+                                pick(TEXT["edge"], lang))
         out = [pick(TEXT["title"], lang), self._header(lang).replace("\n", "  \n"), "\n", markdown_table(head, rows), "\n"]
         brows = [(p.name, label(k, lang), human_bytes(v)) for p in self.paths for k, v in p.breakdown.items()]
         out += [markdown_table(pick(TEXT["part head"], lang), brows), "\n"]

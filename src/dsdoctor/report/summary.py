@@ -95,7 +95,8 @@ def path_figures(plan_result, name: str | None) -> dict | None:
     if p is None:
         return None
     return {"path": p.name, "gpu_peak_bytes": p.gpu_peak_bytes, "host_peak_bytes": p.host_peak_bytes,
-            "tokens_per_s": round(p.tokens_per_s * p.replicas, 3), "fits": p.fits}
+            "tokens_per_s": round(p.tokens_per_s * p.replicas, 3), "fits": p.fits, "verdict": p.verdict,
+            "upper_bytes": p.upper_bytes}
 
 
 MEASURED_AS = {"plain": "plain", "split-no-offload": "zero3", "split": "zero3-offload"}  # ab variant -> plan path
@@ -151,6 +152,8 @@ def verdict(*, failed_run: tuple | None = None, ab=None, config_errors=(), plan_
             faster = fill(TEXT["than"], ratio=f"{ratio:.1f}", path=current) if ratio >= 1.1 else ""
         parts.append(fill(TEXT[key], path=path, peak=human_bytes(chosen["gpu_peak_bytes"]),
                           tps=f"{chosen['tokens_per_s']:.0f}", faster=faster or {lang: "" for lang in LANGS}))
+        if chosen["verdict"] == "edge":  # only the prediction fits: plan's measured band says measure it first
+            parts.append(fill(TEXT["edge"], upper=human_bytes(chosen["upper_bytes"])))
     if not parts:
         parts.append(TEXT["nothing found"])
     return {lang: _sep(lang).join(p[lang] for p in parts) for lang in LANGS}

@@ -60,6 +60,7 @@ class PlanContext:
     hard_limit: int | None = None  # the longest sequence the model can run at all
     transformers: dict | None = None  # the release the host figures and the code assume (loading.transformers_loading)
     hf_equality: bool = False  # the outputs must equal transformers' greedy generate: no serving engine chosen
+    bands: object = None  # the measured bands of the memory figures (plan/band.py ``Bands``); None: no band
 
     @property
     def weights(self) -> int:
