@@ -225,10 +225,10 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
     return step, result
 
 
-def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
+def _step_split(config, model, tmp: Path, out: Path, lang, dtype: str | None = None) -> Step:
     from dsdoctor.config.split import split
 
-    result = split(config, tmp / "ds_inference.json", model=model)
+    result = split(config, tmp / "ds_inference.json", model=model, dtype=dtype)  # plan's dtype: the code's
     n = len(result.changes)
     final = out / "ds_inference.json"
     summary = fill(SUMMARY["split" if n else "split nothing"], final=final, n=n)
@@ -688,7 +688,7 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         steps.append(plan_step)
         split_config = None
         if config_is_zero and (inference_cfg is None or inference_cfg.zero):
-            split_step = _step_split(loaded, model, tmp, out, lang)
+            split_step = _step_split(loaded, model, tmp, out, lang, plan_result.run_dtype if plan_result else None)
             split_config = split_step.data["config"]
         elif config_is_zero:  # an init_inference config without a ZeRO section: nothing to split
             split_step = _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))

@@ -144,7 +144,7 @@ def plan_request(req: PlanRequest) -> PlanResult:
     hw.profile = profile_summary(profile, figures, freshness)
     hw.alloc_conf = alloc_conf or None
     return PlanResult(_model_info(spec, inv, ctx), wl, hw, knobs, plans, recommendation, found,
-                      inv.num_params * wl.dtype_bytes, loading=loading)
+                      inv.num_params * wl.dtype_bytes, loading=loading, run_dtype=run_dtype)
 
 
 def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capability, profile, machine) -> list:
