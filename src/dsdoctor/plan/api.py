@@ -156,6 +156,7 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
     found += plan_findings.scale_findings(plans, ctx.hw)
     if not ctx.loop and not ctx.hf_equality:
         found += plan_findings.serving_findings(plans, chosen, serving_names(), lambda name: rows[name].launch(ctx))
+        found += plan_findings.lossy_findings(plans, chosen, quantized_names())
     if not ctx.expandable:
         found += plan_findings.fragmentation_findings(plans, chosen, ctx.config_path,
                                                       lambda name: rows[name].expandable_reserved(ctx))

@@ -38,9 +38,9 @@ def choose_tiered(plans: list, quantized: set) -> tuple:
     none does; an estimate (device-map, serving engines) only when no measured path fits; quantized weights
     (they change the outputs) only when nothing in full precision fits. Returns (chosen or None, the tier
     compared)."""
-    measured = [p for p in plans if not p.estimate]
-    tiers = [[p for p in measured if p.verdict != "unverified"], measured,
-             [p for p in plans if p.name not in quantized], plans]
+    exact = [p for p in plans if p.name not in quantized]  # full precision (an fp32 checkpoint's half row is not)
+    measured = [p for p in exact if not p.estimate]
+    tiers = [[p for p in measured if p.verdict != "unverified"], measured, exact, plans]
     for tier in tiers:
         chosen = choose(tier)
         if chosen is not None:
