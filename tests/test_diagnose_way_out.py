@@ -134,3 +134,41 @@ def test_without_a_model_the_way_out_is_the_variant_ab_measured(tmp_path):
     assert before["path"] == "as-is (measured)" and not before["fits"]
     assert after == {"path": "plain (measured)", "gpu_peak_bytes": None, "host_peak_bytes": 300 * 2**20,
                      "tokens_per_s": 40.0, "fits": True}
+
+
+@pytest.mark.process
+def test_every_file_written_says_the_dtype_of_the_code_on_a_v100(tmp_path, monkeypatch):
+    """Issue 31.3: on a V100 (no bf16) plan runs a bf16 model in fp16; the split ds_inference.json, the path's
+    config and step 5's code all say fp16 (the split config said bf16 before), and every config diagnose wrote
+    passes dsdoctor's own check with nothing left that a deletion fixes."""
+    import os
+    import stat
+
+    from dsdoctor.config.check import check
+    from dsdoctor.config.effective import effective_settings
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\ncase "$1" in *compute_cap*) echo 7.0;; *) echo "0, Tesla V100-PCIE-16GB, 16384";; '
+                   "esac\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    config = tmp_path / "z3.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"},
+                                  "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0,
+                                                        "offload_param": {"device": "cpu"}}}))
+    out = tmp_path / "d"
+    # the GPU as nvidia-smi lists it (diagnose takes no --gpu-name): a 16 GiB V100
+    r = diagnose(config=str(config), model=str(EXAMPLES / "qwen2-72b"), host_memory="512GiB", out=str(out))
+    assert r.recommended_path == "zero3-offload"
+    way_out = _steps(r)["exit"]
+    assert "torch.float16" in way_out.data["code"] and "bfloat16" not in way_out.data["code"]
+    written = sorted(out.glob("ds_*.json"))
+    assert [p.name for p in written] == ["ds_inference.json"]  # the path's config is the split one
+    for path in written:
+        cfg = json.loads(path.read_text())
+        assert effective_settings(cfg).dtype == "fp16", path.name
+        assert "stage3_max_live_parameters" not in cfg["zero_optimization"]  # DSD322 of step 1 says delete it
+        assert not [f.code for f in check(path, mode="inference", model=EXAMPLES / "qwen2-72b").findings
+                    if f.deletes]
+    assert "DSD322" in {f.code for f in _steps(r)["effective"].findings}

@@ -226,10 +226,10 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
     return step, result
 
 
-def _step_split(config, model, tmp: Path, out: Path, lang) -> Step:
+def _step_split(config, model, tmp: Path, out: Path, lang, dtype: str | None = None) -> Step:
     from dsdoctor.config.split import split
 
-    result = split(config, tmp / "ds_inference.json", model=model)
+    result = split(config, tmp / "ds_inference.json", model=model, dtype=dtype)  # plan's dtype: the code's
     n = len(result.changes)
     final = out / "ds_inference.json"
     summary = fill(SUMMARY["split" if n else "split nothing"], final=final, n=n)
@@ -860,7 +860,8 @@ def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, hos
     steps = [step] + ([run.trace_step] if run is not None else [])
     plan_step, plan_result = _plan_or_skip(inputs, gpu_memory, host_memory, tmp, lang, machine, captured)
     steps.append(plan_step)
-    split_step = _split_or_skip(inputs, check_result, captured, tmp, out, lang)
+    split_step = _split_or_skip(inputs, check_result, captured, tmp, out, lang,
+                                plan_result.run_dtype if plan_result is not None else None)
     steps.append(split_step)
     if run is not None and run.ab_step is not None:
         steps.append(run.ab_step)
@@ -885,10 +886,10 @@ def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, hos
     return steps, plan_result, path, current
 
 
-def _split_or_skip(inputs: Inputs, check_result, captured, tmp: Path, out: Path, lang) -> Step:
+def _split_or_skip(inputs: Inputs, check_result, captured, tmp: Path, out: Path, lang, dtype=None) -> Step:
     inference_cfg = check_result.inference_config if check_result is not None else None
     if inputs.config is not None and (inference_cfg is None or inference_cfg.zero):
-        return _step_split(inputs.loaded, inputs.model, tmp, out, lang)
+        return _step_split(inputs.loaded, inputs.model, tmp, out, lang, dtype)  # plan's dtype: the code's
     if inputs.config is not None:  # an init_inference config without a ZeRO section: nothing to split
         return _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))
     return _skipped("split", _no_config_reason(captured))

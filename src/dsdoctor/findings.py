@@ -132,6 +132,7 @@ class Finding:
     code: str
     values: dict[str, Any] = field(default_factory=dict)
     severity: str | None = None  # None: the rule's; a detector may raise or lower it with reason
+    deletes: tuple[str, ...] = ()  # config keys (dotted paths) whose deletion is the fix: split deletes them
 
     @property
     def rule(self) -> Rule:

@@ -175,6 +175,32 @@ def test_split_of_every_corpus_config_is_accepted_by_deepspeed(path, tmp_path):
         assert got == want
 
 
+# what split's output may still be told, and why split cannot settle it: the host's free RAM decides pin_memory
+# (DSD107); an fp16 section for a bf16 model is the decision itself on a GPU without bf16, or the user's own
+# explicit choice when no GPU is known (DSD110)
+NOT_SPLITS_TO_FIX = {"DSD107", "DSD110"}
+
+
+@pytest.mark.parametrize("path", SPLITTABLE, ids=[p.name[:70] for p in SPLITTABLE])
+def test_split_output_passes_its_own_check(path, tmp_path):
+    """Issue 31.3: what split writes, checked again from the file, has no finding a deletion fixes (DSD322's
+    prefetch of 0, DSD109's knob above DeepSpeed's default), with and without a model and with the dtype diagnose
+    passes; what is left is advice split cannot decide; the precision sections say the dtype asked for."""
+    from dsdoctor.config.split import split
+    from tests.helpers import EXAMPLES
+
+    for i, (model, dtype) in enumerate([(None, None), (EXAMPLES / "llama-7b", None), (EXAMPLES / "llama-7b", "fp16"),
+                                        (None, "bf16")]):
+        out = tmp_path / f"infer{i}.json"
+        result = split(path, out, model=model, dtype=dtype)
+        again = check(out, mode="inference", model=model).findings
+        assert [f.code for f in again] == [f.code for f in result.findings]
+        assert not [f.code for f in again if f.deletes], (model, dtype)
+        assert {f.code for f in again} <= NOT_SPLITS_TO_FIX, (model, dtype)
+        if dtype is not None:
+            assert effective_settings(result.config).dtype == dtype
+
+
 def test_unfilled_auto_really_crashes_deepspeed():
     """DSD105's claim: raw DeepSpeed does not fill "auto" in top-level numbers; it fails with a TypeError."""
     from deepspeed.runtime.config import DeepSpeedConfig

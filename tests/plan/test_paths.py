@@ -72,16 +72,16 @@ def test_a_group_of_k_gpus_has_the_per_gpu_peak_of_tp_over_k():
 
 
 def test_fp16_from_a_bf16_checkpoint_needs_a_loading_method_that_avoids_per_rank_copies():
+    """Every rank converts its own CPU copy (8 x 135 GiB does not fit 1 TiB); the methods that avoid it load
+    through kernel injection, which DeepSpeed 0.19.8 has no policy for on Qwen2 (issue 31.4): no tp row fits,
+    and no init_inference code is emitted (tests/plan/test_emitted_code.py: a Llama it can inject)."""
     r = _qwen(8, dtype="fp16")
-    chosen = r.path(r.recommended.path)
-    assert chosen.tp is not None
-    cpu = next(m for m in chosen.loading_options if m["method"] == "cpu-model")
-    # every rank converts its own CPU copy: 8 x 135 GiB does not fit 1 TiB
+    tp = r.path("tp")
+    cpu = next(m for m in tp.loading_options if m["method"] == "cpu-model")
     weights = r.weights_only_bytes
     assert cpu["anon_bytes"] >= 8 * weights > 1024**4
-    assert chosen.loading in ("meta-checkpoint", "pre-sharded") and chosen.fits
-    assert "DSD212" in codes(r)
-    assert 'device="meta"' in r.recommended.code and "torch.float16" in r.recommended.code
+    assert [m["method"] for m in tp.loading_options] == ["cpu-model"] and not tp.fits and "host" in tp.limits
+    assert r.path(r.recommended.path).tp is None and "init_inference" not in r.recommended.code
 
 
 def test_host_memory_too_small_for_any_tp_loading_drops_tp():
@@ -152,7 +152,7 @@ def test_zero3_config_follows_fp16(tmp_path):
     r = _plan(QWEN72, 1, dtype="fp16", batch=1)
     assert r.recommended.path.startswith("zero3")
     assert r.recommended.ds_config["fp16"] == {"enabled": True} and "bf16" not in r.recommended.ds_config
-    assert '"fp16"' in r.recommended.code
+    assert "'fp16': {'enabled': True}" in r.recommended.code  # a Python dict in the code (JSON's true is no name)
 
 
 def _write(tmp_path, cfg):
@@ -264,7 +264,7 @@ def test_zero_inference_int4_config_carries_weight_quantization():
 
     cfg, code = zero_int4_code("cpu", "m", 2, "fp16", None)  # zero3-offload-int4
     assert cfg["weight_quantization"]["quantized_initialization"]["num_bits"] == 4
-    assert cfg["fp16"] == {"enabled": True} and '"weight_quantization"' in code
+    assert cfg["fp16"] == {"enabled": True} and "'weight_quantization'" in code
 
 
 @pytest.mark.process

@@ -126,3 +126,45 @@ def test_diagnose_report_leads_with_the_answer_in_a_real_browser(tmp_path):
     proc = subprocess.run([browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600",
                            f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+
+
+# laid out by the browser: every short cell (a severity, a code) on one line, written back into the DOM
+_LINES_SCRIPT = """<script>
+const wrapped = [];
+for (const cell of document.querySelectorAll("td, th")) {
+  const text = cell.textContent.trim();
+  if (!text || text.length > 16) continue;
+  const range = document.createRange();
+  range.selectNodeContents(cell);
+  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+  if (tops.size > 1) wrapped.push(text + ":" + tops.size);
+}
+document.body.setAttribute("data-wrapped", JSON.stringify(wrapped));
+</script>"""
+
+
+def test_failed_runs_report_keeps_its_severity_column_readable(tmp_path):
+    """Issue 31.6: the report of a run that failed, at a laptop's width: no severity (or any short cell) wraps
+    one letter per line, as it did when a long message beside it could break anywhere."""
+    import json
+    import sys
+
+    browser = _browser()
+    from dsdoctor.diagnose import diagnose
+
+    script = tmp_path / "infer.py"
+    script.write_text("raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')\n")
+    out = tmp_path / "diag"
+    diagnose(command=[sys.executable, str(script)], out=str(out), timeout=120)
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "DSD3" in html and "error" in html  # the failure is reported, with its severity
+    page = tmp_path / "laid_out.html"
+    page.write_text(html.replace("</body>", _LINES_SCRIPT + "</body>"), encoding="utf-8")
+    for width in (1200, 700):
+        proc = subprocess.run([browser, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                               f"--window-size={width},1600", "--dump-dom", page.as_uri()],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        found = re.search(r'data-wrapped="([^"]*)"', proc.stdout)
+        assert found, "the layout script did not run"
+        assert json.loads(found.group(1).replace("&quot;", '"')) == [], width

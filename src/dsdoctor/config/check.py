@@ -498,7 +498,7 @@ def stage3_knobs_raise_peak(c: Context):  # DSD109
         else:
             nbytes = human_bytes((v.value if not spec else min(v.value, spec.num_params)) * eb)
         yield Finding("DSD109", {"knob": v.key.split(".", 1)[1], "value": human_count(v.value),
-                                 "default": human_count(v.default), "bytes": nbytes})
+                                 "default": human_count(v.default), "bytes": nbytes}, deletes=(v.key,))
 
 
 def fp16_for_bf16_model(c: Context):  # DSD110
@@ -546,7 +546,7 @@ def prefetch_disabled(c: Context):  # DSD322
     yield Finding("DSD322", {
         "knobs": ", ".join(f"{k} = 0" for k in keys), "keys": " and ".join(keys),
         "default_prefetch": human_count(eff.values["prefetch_bucket_size"].default),
-        "default_live": human_count(eff.values["max_live_parameters"].default)})
+        "default_live": human_count(eff.values["max_live_parameters"].default)}, deletes=tuple(keys))
 
 
 DETECTORS = (

@@ -23,7 +23,7 @@ from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_F
 from dsdoctor.config.split_table import BY_KEY
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
-from dsdoctor.i18n import message_table, pick
+from dsdoctor.i18n import LANGS, fill, message_table, pick
 from dsdoctor.model.spec import load_model_spec
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 
@@ -80,12 +80,61 @@ class SplitResult:
 
 
 
-def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False) -> tuple[dict, list[Change]]:  # noqa: C901,PLR0912,PLR0915
-    """The inference config of ``loaded`` and the change list (pure: nothing is written)."""
+def inference_config(loaded: LoadedConfig, model=None, keep_auto: bool = False,
+                     dtype: str | None = None) -> tuple[dict, list[Change]]:
+    """The inference config of ``loaded`` and the change list (pure: nothing is written). With ``dtype`` (the
+    dtype plan runs the model in on this GPU) the precision sections say that dtype. What ``check`` then
+    finds that a deletion fixes (a finding's ``deletes``) is deleted too, so the result passes split's own check."""
     from dsdoctor.config.runner import is_init_inference_config
 
     if is_init_inference_config(loaded.raw):
         return _init_inference_config(loaded.raw)
+    new, changes = _training_to_inference(loaded, model, keep_auto)
+    if dtype is not None:
+        _set_dtype(new, changes, dtype)
+    return new, changes + _apply_deletions(new, model)
+
+
+def _set_dtype(new: dict, changes: list[Change], dtype: str) -> None:
+    """bf16.enabled / fp16.enabled as ``dtype`` needs them (a section only written where one is enabled)."""
+    reason = fill(TEXT["run dtype"], dtype=dtype)
+    for sect, on in (("bf16", dtype == "bf16"), ("fp16", dtype == "fp16")):
+        name = "bfloat16" if sect == "bf16" and "bfloat16" in new and "bf16" not in new else sect
+        section = new.get(name)
+        if not isinstance(section, dict):
+            if not on:
+                continue
+            section = new[name] = {}
+        if section.get("enabled") is not on:
+            changes.append(Change(f"{name}.enabled", "resolve" if "enabled" in section else "set",
+                                  section.get("enabled"), on, reason))
+            section["enabled"] = on
+
+
+def _apply_deletions(new: dict, model) -> list[Change]:
+    """Delete every key a finding of ``check`` on ``new`` says to delete (DSD109, DSD322), until none is left."""
+    changes: list[Change] = []
+    for _ in range(4):  # a deletion can uncover another finding; a few rounds settle every rule there is
+        found = [f for f in check(LoadedConfig(path=None, raw=new, kind="dict"), mode="inference",
+                                  model=model).findings if f.deletes]
+        done = 0
+        for f in found:
+            for path in f.deletes:
+                *parents, leaf = path.split(".")
+                container = new
+                for part in parents:
+                    container = container.get(part) if isinstance(container, dict) else None
+                if isinstance(container, dict) and leaf in container:
+                    reason = {lang: f"{f.code}: {f.fix(lang)}" for lang in LANGS}
+                    changes.append(Change(path, "drop", container.pop(leaf), None, reason))
+                    done += 1
+        if not done:
+            break
+    return changes
+
+
+def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tuple[dict, list[Change]]:  # noqa: C901,PLR0912,PLR0915
+    """A training config's inference config: the table's drops and resolves."""
     spec = load_model_spec(model) if model is not None else None
     eff, _hf = read_both(loaded, spec)
     raw = loaded.raw
@@ -216,8 +265,9 @@ def _init_inference_config(raw: dict) -> tuple[dict, list[Change]]:
 
 
 def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None, keep_auto: bool = False,
-          force: bool = False) -> SplitResult:
-    """Write the inference config of ``config`` (path, dict or LoadedConfig) to ``out``."""
+          force: bool = False, dtype: str | None = None) -> SplitResult:
+    """Write the inference config of ``config`` (path, dict or LoadedConfig) to ``out``; ``dtype``: the dtype
+    plan runs the model in on this GPU (``diagnose`` passes it, so the config and the code agree)."""
     loaded = config if isinstance(config, LoadedConfig) else load_config(config)
     out_path = Path(out)
     if loaded.path and out_path.exists() and out_path.resolve() == Path(loaded.path).resolve():
@@ -228,7 +278,7 @@ def split(config, out: str | os.PathLike, model: str | os.PathLike | None = None
         raise InputError(f"names a DeepSpeed config that does not exist: {loaded.ref_path}", path=loaded.path)
     inputs = [p for p in (loaded.path, loaded.ref_path) if p]
     door.check_output_path(out_path, force, inputs, kind="file")
-    new, changes = inference_config(loaded, model=model, keep_auto=keep_auto)
+    new, changes = inference_config(loaded, model=model, keep_auto=keep_auto, dtype=dtype)
     text = json.dumps(new, indent=2, ensure_ascii=False) + "\n"
     before = json.dumps(loaded.raw, indent=2, ensure_ascii=False) + "\n"
     diff = "".join(difflib.unified_diff(before.splitlines(True), text.splitlines(True),

@@ -147,7 +147,7 @@ def plan_request(req: PlanRequest) -> PlanResult:
     hw.profile = profile_summary(profile, figures, freshness)
     hw.alloc_conf = alloc_conf or None
     return PlanResult(_model_info(spec, inv, ctx), wl, hw, knobs, plans, recommendation, found,
-                      inv.num_params * wl.dtype_bytes, loading=loading)
+                      inv.num_params * wl.dtype_bytes, loading=loading, run_dtype=run_dtype)
 
 
 def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capability, profile, machine) -> list:
@@ -160,6 +160,7 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
     found += plan_findings.edge_findings(plans, chosen, ctx.hw)
     if not ctx.loop and not ctx.hf_equality:
         found += plan_findings.serving_findings(plans, chosen, serving_names(), lambda name: rows[name].launch(ctx))
+        found += plan_findings.lossy_findings(plans, chosen, quantized_names())
     if not ctx.expandable:
         found += plan_findings.fragmentation_findings(plans, chosen, ctx.config_path,
                                                       lambda name: rows[name].expandable_reserved(ctx))

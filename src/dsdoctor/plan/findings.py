@@ -5,6 +5,7 @@ from dsdoctor.config.versions import resolve_versions, version_tuple
 from dsdoctor.findings import Finding, Phrase
 from dsdoctor.model.moe import experts_touched, hang_risk, hang_values
 from dsdoctor.plan.memory import TRAINING_PARTS
+from dsdoctor.plan.paths.base import TORCH_DTYPE
 from dsdoctor.plan.positions import encoding
 from dsdoctor.plan.speed import expert_elems
 from dsdoctor.units import human_age, human_bytes, human_rate
@@ -196,6 +197,28 @@ def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Fin
                                "tps": human_rate(best.tokens_per_s * best.replicas), "chosen": chosen.name,
                                "chosen_tps": human_rate(chosen.tokens_per_s * chosen.replicas),
                                "command": launch(best.name) if launch else best.name})]
+
+
+LOSSY_FASTER = 3.0  # "several times faster": a lossy path named only past this
+_HOW = {"bnb-int8": "how-bnb-int8", "bnb-nf4": "how-bnb-nf4", "zero3-int4": "how-int4", "zero3-offload-int4": "how-int4"}
+
+
+def lossy_findings(plans: list, chosen, lossy: set) -> list[Finding]:
+    """DSD215 when a path that changes the weights' precision (quantized, or an fp32 checkpoint in half
+    precision) fits and plan rates it ``LOSSY_FASTER`` times the recommended full-precision path or more."""
+    if chosen is None or chosen.name in lossy:
+        return []
+    base = chosen.tokens_per_s * chosen.replicas
+    faster = [p for p in plans if p.name in lossy and p.fits and p.tokens_per_s * p.replicas >= LOSSY_FASTER * base]
+    if not faster:
+        return []
+    best = max(faster, key=lambda p: p.tokens_per_s * p.replicas)
+    half = best.name.removeprefix("plain-") if best.name not in _HOW else None
+    what = Phrase("half", {"half": half}) if half else Phrase("quantized")
+    how = Phrase("how-half", {"dtype": TORCH_DTYPE[half]}) if half else Phrase(_HOW[best.name])
+    return [Finding("DSD215", {"path": best.name, "what": what, "tps": human_rate(best.tokens_per_s * best.replicas),
+                               "chosen": chosen.name, "chosen_tps": human_rate(base), "how": how,
+                               "speedup": f"{best.tokens_per_s * best.replicas / base:.0f}" if base else "?"})]
 
 
 def freshness_findings(profile, freshness: dict | None) -> list[Finding]:

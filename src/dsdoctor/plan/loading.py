@@ -250,8 +250,9 @@ def zero3_methods(ckpt: Checkpoint, load_dtype: str, ranks: int, weights: int) -
 
 
 def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weights: int,
-               largest_param_bytes: int) -> list[HostLoad]:
-    """AutoTP over ``tp`` ranks, ``replicas`` groups: ``tp * replicas`` processes."""
+               largest_param_bytes: int, kernel_inject: bool = True) -> list[HostLoad]:
+    """AutoTP over ``tp`` ranks, ``replicas`` groups: ``tp * replicas`` processes. The methods that load
+    through kernel injection only where DeepSpeed can inject this model (``shape.kernel_injectable``)."""
     procs = tp * replicas
     base = PROCESS_BASE * procs
     out = []
@@ -266,6 +267,8 @@ def tp_methods(ckpt: Checkpoint, load_dtype: str, tp: int, replicas: int, weight
                      "model = from_pretrained(path, dtype=DTYPE)  # on the CPU, every rank\n"
                      "engine = deepspeed.init_inference(model, tensor_parallel={\"tp_size\": TP}, dtype=DTYPE)",
                      notes, ckpt.loader))
+    if not kernel_inject:
+        return _keyword(out, ckpt)
     # meta-device model + checkpoint description: one checkpoint file at a time per rank
     out.append(_load("meta-checkpoint", procs, base, ckpt.largest_file_bytes * procs, 0, 0,
                      "with deepspeed.OnDevice(dtype=DTYPE, device=\"meta\"): model = "

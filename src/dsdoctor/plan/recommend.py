@@ -39,9 +39,9 @@ def choose_tiered(plans: list, quantized: set) -> tuple:
     (they change the outputs) only when nothing in full precision fits. Within each tier a path that fits
     outright (its band's upper figure fits) before one at the edge (DSD234). Returns (chosen or None, the
     tier compared)."""
-    measured = [p for p in plans if not p.estimate]
-    tiers = [[p for p in measured if p.verdict != "unverified"], measured,
-             [p for p in plans if p.name not in quantized], plans]
+    exact = [p for p in plans if p.name not in quantized]  # full precision (an fp32 checkpoint's half row is not)
+    measured = [p for p in exact if not p.estimate]
+    tiers = [[p for p in measured if p.verdict != "unverified"], measured, exact, plans]
     for tier in tiers:
         for subset in ([p for p in tier if p.verdict == "fits"], tier):
             chosen = choose(subset)

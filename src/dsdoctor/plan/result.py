@@ -93,6 +93,7 @@ class PlanResult:
     findings: list[Finding]
     weights_only_bytes: int
     loading: dict | None = None  # the transformers release the host figures assume (plan/loading.py)
+    run_dtype: str | None = None  # the dtype the emitted config and code use on this GPU
 
     def path(self, name: str) -> PathPlan | None:
         return next((p for p in self.paths if p.name == name), None)

@@ -26,6 +26,8 @@ class ModelShape:
     # forward, one ``gate_up_proj`` whose output the ``gate`` view keeps alive until the MLP returns
     fused_qkv: bool = False
     fused_gate_up: bool = False
+    # DeepSpeed 0.19.8 can inject its inference kernels (init_inference's replace_with_kernel_inject=True)
+    kernel_inject: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -63,7 +65,19 @@ def model_shape(spec, inv: Inventory) -> ModelShape:
     gated = bool(names & {"gate_proj", "w1", "gate_up_proj"})
     return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                       spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv,
-                      fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names)
+                      fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names,
+                      kernel_inject=kernel_injectable(spec.model_type, spec.num_heads, spec.num_kv_heads, raw))
+
+
+def kernel_injectable(model_type: str, heads: int, kv_heads: int, raw: dict) -> bool:
+    """Whether DeepSpeed 0.19.8's kernel injection serves this model. Of today's decoder families only Llama has
+    an injection policy (``module_inject/replace_policy.py``: LLAMALayerPolicy matches LlamaDecoderLayer
+    exactly; Qwen2, Mistral, Phi-3, Gemma-2 and the MoE families have none), its kernel sizes one fused qkv of
+    three equal head counts (``containers/llama.py`` concatenates q, k and v: grouped-query attention does not
+    fit), and it refuses scaled rotary embeddings (``_get_rope_theta``: only rope_type None or "default")."""
+    scaling = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else raw.get("rope_scaling")
+    rope = (scaling.get("rope_type") or scaling.get("type")) if isinstance(scaling, dict) else None
+    return model_type == "llama" and heads == kv_heads and rope in (None, "default")
 
 
 def kv_bytes(shape: ModelShape, batch: int, positions: int, dtype_bytes: int, tp: int = 1,

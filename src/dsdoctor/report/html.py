@@ -13,7 +13,7 @@ _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI","PingFang SC","Microsoft YaHei",sans-serif;max-width:1100px;
 margin:2em auto;padding:0 1em;color:#1b1f24;line-height:1.5}
 table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccd;padding:.3em .6em;
-text-align:left;vertical-align:top;overflow-wrap:anywhere}td:first-child{overflow-wrap:normal;white-space:nowrap}
+text-align:left;vertical-align:top;overflow-wrap:anywhere}td:first-child,.w{overflow-wrap:normal;white-space:nowrap}
 th{background:#eef1f6}code,pre{background:#f4f5f7;border-radius:4px}
 pre{padding:.8em;overflow-x:auto}code{padding:.1em .3em}img{max-width:100%;border:1px solid #dde}
 h1,h2,h3{border-bottom:1px solid #e5e7eb;padding-bottom:.2em}
@@ -21,6 +21,7 @@ blockquote{margin:1em 0;padding:.6em 1.2em;border:2px solid #2563eb;border-radiu
 details{margin:.6em 0}summary{cursor:pointer;color:#1d4ed8}
 """
 FOLD_ROWS = 12
+WHOLE_CHARS = 16  # a cell this short never wraps
 
 
 def _inline(text: str) -> str:
@@ -29,6 +30,12 @@ def _inline(text: str) -> str:
     out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
     out = re.sub(r"(?<![\w*])_([^_]+)_(?![\w*])", r"<em>\1</em>", out)
     return out
+
+
+def _whole(cell: str) -> str:
+    """A short cell (a severity, a code, a number) is kept on one line: a wide neighbour that may break anywhere
+    would otherwise squeeze its column to one letter per line."""
+    return ' class="w"' if len(cell) <= WHOLE_CHARS else ""
 
 
 def _image(alt: str, src: str, base: Path | None) -> str:
@@ -101,8 +108,8 @@ def _blocks(lines: list[str], base: Path | None, folded: bool, state: dict) -> l
             while i < len(lines) and lines[i].startswith("|"):
                 rows.append(_split_row(lines[i]))
                 i += 1
-            th = "".join(f"<th>{_inline(c)}</th>" for c in head)
-            trs = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+            th = "".join(f"<th{_whole(c)}>{_inline(c)}</th>" for c in head)
+            trs = "".join("<tr>" + "".join(f"<td{_whole(c)}>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
             table = f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
             if len(rows) > FOLD_ROWS and depth == 0:
                 table = f"<details><summary>{len(rows)} rows</summary>{table}</details>"

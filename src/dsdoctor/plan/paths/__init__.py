@@ -11,7 +11,7 @@ from __future__ import annotations
 from dsdoctor.plan.paths.base import LoadPath, PlanContext
 from dsdoctor.plan.paths.device_map import DeviceMap
 from dsdoctor.plan.paths.loop import Zero2, Zero3GatherOnce
-from dsdoctor.plan.paths.plain import Plain
+from dsdoctor.plan.paths.plain import Plain, PlainHalf
 from dsdoctor.plan.paths.quantized import BnbInt8, BnbNf4, Zero3Int4, Zero3OffloadInt4
 from dsdoctor.plan.paths.serving import Sglang, Vllm
 from dsdoctor.plan.paths.tp import Tp, TpGroups
@@ -20,6 +20,7 @@ from dsdoctor.plan.paths.zero3 import Zero3, Zero3Nvme, Zero3Offload, config_pat
 REGISTRY: tuple[type[LoadPath], ...] = (
     Plain, Tp, TpGroups, Zero3, Zero3Offload, Zero3Nvme,  # measured on GPUs
     DeviceMap, Vllm, Sglang, BnbInt8, BnbNf4, Zero3Int4, Zero3OffloadInt4,  # estimates
+    PlainHalf,  # an fp32 checkpoint in half precision
     Zero2, Zero3GatherOnce,  # --loop only
 )
 
@@ -30,7 +31,7 @@ def paths_for(ctx: PlanContext) -> list[LoadPath]:
 
 
 def quantized_names() -> set[str]:
-    return {cls.name for cls in REGISTRY if cls.quantized}
+    return {name for cls in REGISTRY if cls.quantized for name in getattr(cls, "names", (cls.name,))}
 
 
 def serving_names() -> set[str]:

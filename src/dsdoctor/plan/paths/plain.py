@@ -2,6 +2,9 @@
 ``device_map`` to the rank's GPU, no DeepSpeed)."""
 from __future__ import annotations
 
+import dataclasses
+
+from dsdoctor.gpus import gpu_facts, run_dtype
 from dsdoctor.plan.loading import plain_methods
 from dsdoctor.plan.memory import Layout
 from dsdoctor.plan.paths.base import TORCH_DTYPE, LayoutPath
@@ -41,3 +44,43 @@ class Plain(LayoutPath):
 
     def code(self, ctx, row):
         return plain_code(ctx.model, ctx.hw.gpus, ctx.run_dtype, row.loading)
+
+
+class PlainHalf(Plain):
+    """``plain-bf16`` (``plain-fp16`` on a GPU without bf16): an fp32 checkpoint loaded in half precision, the
+    plain path otherwise. Offered whenever the planned dtype is fp32; it changes the weights' precision, so it
+    is recommended only in the tier of the quantized paths (``quantized``: when nothing in fp32 fits)."""
+    name = "plain-half"
+    names = ("plain-bf16", "plain-fp16")  # the rows it makes
+    quantized = True
+
+    def __init__(self, half: str = "bf16"):
+        self.half = half
+        self.name = f"plain-{half}"
+
+    @classmethod
+    def instances(cls, ctx):
+        if ctx.wl.dtype != "fp32":
+            return []
+        return [cls(run_dtype("bf16", gpu_facts(ctx.hw.gpu_name).capability))]
+
+    def _ctx(self, ctx):
+        return dataclasses.replace(ctx, wl=dataclasses.replace(ctx.wl, dtype=self.half), run_dtype=self.half)
+
+    def memory(self, ctx, wl, ratio=None):
+        return super().memory(self._ctx(ctx), dataclasses.replace(wl, dtype=self.half), ratio)
+
+    def expandable_reserved(self, ctx):
+        return super().expandable_reserved(self._ctx(ctx))
+
+    def loading_methods(self, ctx, mem):
+        return super().loading_methods(self._ctx(ctx), mem)
+
+    def speed(self, ctx, mem):
+        return super().speed(self._ctx(ctx), mem)
+
+    def code(self, ctx, row):
+        return super().code(self._ctx(ctx), row)
+
+    def row(self, ctx, mem, speed, fit, method, methods, searched):
+        return super().row(self._ctx(ctx), mem, speed, fit, method, methods, searched)

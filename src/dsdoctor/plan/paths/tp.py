@@ -90,7 +90,8 @@ class Tp(LayoutPath):
         return tp_layout(gpus)
 
     def loading_methods(self, ctx, mem):
-        return tp_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, mem.replicas, ctx.weights, ctx.largest_param)
+        return tp_methods(ctx.ckpt, ctx.wl.dtype, mem.ranks, mem.replicas, ctx.weights, ctx.largest_param,
+                          ctx.shape.kernel_inject)
 
     def speed(self, ctx, mem):
         return estimate_speed(ctx.shape, ctx.wl, ctx.figures, StepTerms(tp=mem.ranks))

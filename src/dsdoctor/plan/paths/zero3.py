@@ -9,7 +9,7 @@ training state and step are counted (``plan/loop_memory.py`` ``in_loop``), and t
 training ones (``plan/loop_code.py``)."""
 from __future__ import annotations
 
-import json
+from pprint import pformat
 
 from dsdoctor.config.rl import Engine
 from dsdoctor.plan.loading import zero3_methods
@@ -41,7 +41,7 @@ def zero3_code(model: str, gpus: int, dtype: str, cfg: dict) -> str:
     return (f"# deepspeed --num_gpus {gpus} run.py\nimport torch, deepspeed\n"
             f"from transformers import AutoModelForCausalLM\n"
             f"from transformers.integrations import HfDeepSpeedConfig\n"
-            f"ds_config = {json.dumps(cfg, indent=2)}\n"
+            f"ds_config = {pformat(cfg, sort_dicts=False)}\n"
             f"dschf = HfDeepSpeedConfig(ds_config)  # keep alive: from_pretrained loads under zero.Init\n"
             f"model = AutoModelForCausalLM.from_pretrained({model!r}, dtype={torch_dtype})\n"
             f"engine = deepspeed.initialize(model=model, config=ds_config)[0]  # no optimizer\n"
