@@ -624,26 +624,62 @@ _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _LAUNCHER_IN_LINE = re.compile("|".join(map(re.escape, _LAUNCHERS)))
 
 
-def _command_tokens(text: str) -> list[str]:
-    """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
-    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped).
-
-    ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so only lines that
-    name a launcher at all are split, and only as many of their bytes as a YAML file may hold in all: any
-    file's cost stays bounded (a real launch script is a few KiB)."""
+def launch_words(text: str, every: bool = False):
+    """The words of each command line of a launch line or shell script: continuation lines joined, comments
+    dropped, a line with unbalanced quotes skipped. The one reader of launch lines (``check``'s command configs
+    here, the RL jobs of ``config/rl.py``). ``every``: every line (assignments too), else only lines naming a
+    launcher. ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so at most
+    as many bytes as a YAML file may hold in all are split: past them no more lines come (with ``every``, none:
+    the text is no launch script), so any file's cost stays bounded (a real launch script is a few KiB)."""
     import shlex
 
     budget = door.DS_CONFIG.slow_parse_bytes
-    for line in text.replace("\\\n", " ").splitlines():
-        if not _LAUNCHER_IN_LINE.search(line):
+    if every and len(text) > budget:
+        return
+    for line in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines():
+        if not every and not _LAUNCHER_IN_LINE.search(line):
             continue
         budget -= len(line)
         if budget < 0:
-            return []
+            return
         try:
-            tokens = shlex.split(line, comments=True)
+            yield shlex.split(line, comments=True)
         except ValueError:  # unbalanced quotes: not a command line
             continue
+
+
+def launch_flags(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``--key value``, ``--key=value`` and bare ``--flag`` (``"true"``), dashes in names as underscores, and hydra's
+    ``a.b.c=value`` overrides, as text; and the positional words. A word is a flag's value unless it is an
+    option itself (``-x``, ``--y``; a negative number is a value)."""
+    flags: dict[str, str] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--") and len(tok) > 2:
+            key, eq, value = tok[2:].partition("=")
+            if not eq:
+                nxt = tokens[i + 1] if i + 1 < len(tokens) else "-"
+                value, i = ("true", i) if nxt.startswith("-") and not _NEGATIVE.fullmatch(nxt) else (nxt, i + 1)
+            flags[key.replace("-", "_")] = value
+        elif _HYDRA.fullmatch(tok):  # a.b.c=value, +a.b=value
+            key, _, value = tok.lstrip("+").partition("=")
+            flags[key] = value
+        elif not tok.startswith("-"):
+            positional.append(tok)
+        i += 1
+    return flags, positional
+
+
+_NEGATIVE = re.compile(r"-\d[\d.e+-]*")
+_HYDRA = re.compile(r"\+?\+?[A-Za-z_][\w.]*\.[\w.]+=.*")
+
+
+def _command_tokens(text: str) -> list[str]:
+    """The words of the first launch command in ``text`` (``export``/``cd`` lines and leading VAR=value
+    assignments skipped)."""
+    for tokens in launch_words(text):
         while tokens and _ENV_ASSIGN.match(tokens[0]):  # CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...
             tokens.pop(0)
         if tokens and tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
@@ -664,29 +700,14 @@ def parse_command(text: str) -> dict:
     sub-command, ``_script`` the first positional file."""
     import yaml
 
-    tokens = _command_tokens(text)
+    flags, positional = launch_flags(_command_tokens(text))
     out: dict = {}
-    positional: list[str] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.startswith("--") and len(tok) > 2:
-            key, eq, value = tok[2:].partition("=")
-            key = key.replace("-", "_")
-            if not eq:
-                if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                    value = tokens[i + 1]
-                    i += 1
-                else:
-                    value = "true"
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError:
-                parsed = value
-            out[key] = parsed if isinstance(parsed, (str, int, float, bool)) else value
-        elif not tok.startswith("-"):
-            positional.append(tok)
-        i += 1
+    for key, value in flags.items():
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        out[key] = parsed if isinstance(parsed, (str, int, float, bool)) else value
     out["_command"] = " ".join(positional[:2])
     script = next((p for p in positional if p.endswith((".py", ".yaml", ".yml", ".json"))), None)
     if script:
