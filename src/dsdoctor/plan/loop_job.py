@@ -83,7 +83,7 @@ def _size_of(text: str, role: str) -> float | None:
     return number(params, f"the {role} model's size {text!r}", low=1e6, high=MAX_PARAMS, whole=False)
 
 
-def resolve(m: rl.RlModel, counts: str, cache: dict) -> Resolved:
+def resolve(m: rl.RlModel, counts: str, cache: dict, named_by=None) -> Resolved:
     source = str(m.source) if m.source is not None else None
     if not source:
         raise InputError(f"the {m.role} names no model", hint=f"give --{m.role} DIR or a size such as 7B")
@@ -91,7 +91,7 @@ def resolve(m: rl.RlModel, counts: str, cache: dict) -> Resolved:
         r = cache[source]
         return dataclasses.replace(r, role=m.role)
     if os.path.exists(source):
-        spec, how = load_model_spec(source), "config"
+        spec, how = load_model_spec(source, named_by), "config"  # named by the job file: the door's tree rule
         inv = load_inventory(spec, counts)
     else:
         size = _size_of(source, m.role)
@@ -357,7 +357,7 @@ def _setup(job: rl.RlJob, req: MachineRequest):
     if job.model("actor") is None:
         raise InputError("an RL job needs an actor", hint="give --model DIR (the actor) or a job file with models.actor")
     cache: dict = {}
-    resolved = {m.role: resolve(m, req.counts, cache) for m in job.models}
+    resolved = {m.role: resolve(m, req.counts, cache, job.source) for m in job.models}
     said = {k: v for k, v in (("batch", job.batch), ("prompt_len", job.prompt_len), ("new_tokens", job.new_tokens))
             if v is not None}
     said = {"batch": 1, "prompt_len": 512, "new_tokens": 128} | said  # 0 given is refused, not replaced
