@@ -151,6 +151,7 @@ def read_bytes(path: str | os.PathLike, kind: Kind, named_by=None) -> bytes:
     if kind.max_bytes is None:
         raise ValueError(f"{kind.what} files are never read whole")
     if kind.words == () and outside_tree(path, named_by):
+        require_regular(path, kind)  # a FIFO or a device is named as such first
         raise refused_outside(path, kind.what, named_by)  # unread
     fd = open_fd(path, kind)
     try:
