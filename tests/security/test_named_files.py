@@ -154,7 +154,7 @@ def test_the_door_refuses_each_kind_outside_the_tree_by_its_words(tmp_path):
     """Library level: a file under a system folder is read only when it holds its kind's words; a prompt
     file never; a file named by another file also in a hidden folder or away from both folders."""
     for kind in (door.MODEL_CONFIG, door.ADAPTER_CONFIG, door.RL_JOB, door.MACHINE_PROFILE, door.WEIGHTS_INDEX,
-                 door.PROMPTS, door.LATEST):
+                 door.PROMPTS):
         with pytest.raises(InputError) as exc:
             door.read_bytes(SYSTEM, kind)
         assert "its content is not shown" in str(exc.value) and not any(p in str(exc.value) for p in _lines(SYSTEM))
@@ -166,3 +166,16 @@ def test_the_door_refuses_each_kind_outside_the_tree_by_its_words(tmp_path):
         door.read_bytes(hidden, door.MODEL_CONFIG, named_by=tmp_path / "job.yaml")
     hidden.write_text('{"hidden_size": 8}')
     assert door.read_bytes(hidden, door.MODEL_CONFIG, named_by=tmp_path / "job.yaml")
+
+
+@pytest.mark.process
+def test_a_latest_linked_out_of_the_checkpoint_is_not_read(tmp_path):
+    secret = tmp_path / ".ssh" / "id_key"
+    secret.parent.mkdir()
+    secret.write_text("SECRET-KEY-MATERIAL-0123456789\n")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest").symlink_to(secret)
+    r = run_cli("merge", ckpt, tmp_path / "out", timeout=WAIT_S)
+    assert r.returncode == 2 and "links out of the checkpoint folder" in r.stderr, r.stderr
+    assert "SECRET" not in r.stdout + r.stderr and not (tmp_path / "out").exists()

@@ -46,7 +46,7 @@ ADAPTER_CONFIG = Kind("PEFT adapter_config.json", 16 * MiB, max_depth=DEPTH, max
                       words=(b'"peft_type"', b'"lora_alpha"', b'"target_modules"'))
 PROMPTS = Kind("prompt file", 64 * MiB, words=())
 MACHINE_PROFILE = Kind("machine profile", 4 * MiB, "utf-8", DEPTH, NODES, words=(b'"fingerprint"',))  # ~3 KiB
-LATEST = Kind("`latest` file", 4 * KiB, None, words=())  # one tag name
+LATEST = Kind("`latest` file", 4 * KiB, None)  # one tag name; one linked out of its folder is not read (layout.py)
 RANK_FILE = Kind("checkpoint file", None, None)  # zip directory and data.pkl bounded by checkpoint.unpickle
 SAFETENSORS = Kind("safetensors file", None, None, DEPTH, 2_000_000)  # header: 100 MB, 2M values (~250k tensors)
 WEIGHTS_INDEX = Kind("index file", 64 * MiB, "utf-8", DEPTH, 2_000_000, words=(b'"weight_map"',))
