@@ -158,4 +158,4 @@ def test_cli_job_json_and_bad_input(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("models: {actor: {model: 7B, stage: 5}}\n")
     r = run_cli("plan", "--loop", "--job", str(bad))
-    assert r.returncode == 2 and "stage must be 0-3" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "models.actor.stage is 5; it must be between 0 and 3" in r.stderr and "Traceback" not in r.stderr

@@ -338,9 +338,9 @@ def test_impossible_model_shapes_are_bad_input_naming_config_json_and_key(tmp_pa
 
 
 @pytest.mark.parametrize("flags,problem", [
-    (("--gpus", "1000000"), "--gpus 1000000 is more than a plan covers"),
-    (("--batch", "1000000000"), "batch is 1000000000"),
-    (("--prompt-len", str(2**40)), "prompt length is"),
+    (("--gpus", "1000000"), "argument --gpus: value is '1000000'; it must be between 1 and 512"),
+    (("--batch", "1000000000"), "argument --batch: value is '1000000000'"),
+    (("--prompt-len", str(2**40)), "argument --prompt-len: value is"),
     (("--gpu-memory", "100PiB"), "--gpu-memory"),
 ])
 @pytest.mark.process
@@ -358,7 +358,7 @@ def test_compare_refuses_more_cpu_ranks_than_cores_unless_asked(tmp_path):
     proc = run_cli("compare", model, "--paths", "plain,zero3", "--gpus", str(cores + 1), env=env)
     assert proc.returncode == 2 and f"only {cores} CPU core(s) usable" in proc.stderr, proc.stderr
     assert "--oversubscribe" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    proc = run_cli("compare", model, "--paths", "plain,zero3", "--gpus", "64000", "--oversubscribe", env=env)
+    proc = run_cli("compare", model, "--paths", "plain,zero3", "--gpus", "300", "--oversubscribe", env=env)
     assert proc.returncode == 2 and "more ranks than one host runs" in proc.stderr, proc.stderr
     proc = run_cli("compare", model, model, "--paths", "plain", "--max-new-tokens", "10000000")
     assert proc.returncode == 2 and "more than a comparison needs" in proc.stderr, proc.stderr

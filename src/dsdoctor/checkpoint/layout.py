@@ -10,6 +10,7 @@ Universal (deepspeed/checkpoint/ds_to_universal.py): <folder>/zero/<param>/fp32.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,9 @@ def find_tag_dir(ckpt_dir, tag: str | None = None) -> tuple[Path, str, Path]:
         if not latest.exists() and not latest.is_symlink():
             raise InputError("no `latest` file naming the checkpoint tag", path=root,
                              hint=f"{found}; pass --tag TAG" if tags else found)
+        real = Path(os.path.realpath(latest))  # a link out (but the Hugging Face cache's to its blobs): never read
+        if latest.is_symlink() and Path(os.path.realpath(root)) not in real.parents and real.parent.name != "blobs":
+            raise InputError(f"`{latest.name}` links out of the checkpoint folder; it is not read", path=latest)
         tag = door.read_bytes(latest, door.LATEST).decode("utf-8", "replace").strip()
         if not tag:
             raise InputError(f"`{latest.name}` is empty", path=latest, hint=found)

@@ -7,7 +7,6 @@ nothing that looks complete.
 """
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -147,15 +146,9 @@ def _config_dir(model, root: Path) -> tuple[Path | None, list[Path]]:
 def _read_config(d: Path | None) -> dict:
     if d is None:
         return {}
-    blob = door.read_bytes(d / "config.json", door.MODEL_CONFIG)
-    door.json_bound(blob, d / "config.json", door.MODEL_CONFIG)
-    try:
-        cfg = json.loads(blob.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"cannot read config.json: {printable(exc)}", path=d / "config.json") from None
-    if not isinstance(cfg, dict):
-        raise InputError("config.json is not a JSON object", path=d / "config.json")
-    return cfg
+    from dsdoctor.model.spec import read_config_json  # the one reader of config.json: bounded size, depth, nodes
+
+    return read_config_json(d)[1]
 
 
 def model_file_problem(src: Path, folder: Path) -> Phrase | None:

@@ -43,8 +43,8 @@ def read_safetensors_header(path: Path) -> dict:
         (n,) = struct.unpack("<Q", raw)
         size = os.fstat(fd).st_size
         if n > min(size - 8, 100 * 2**20):
-            raise InputError(f"truncated or corrupt safetensors file: header of {n} bytes in a {size}-byte file",
-                             path=path)
+            raise InputError(f"is not a safetensors file, or a truncated one: its first 8 bytes do not give a header "
+                             f"length inside the {size}-byte file (their value is not shown)", path=path)
         blob = fh.read(n)
         door.json_bound(blob, path, door.SAFETENSORS)
         try:

@@ -1,7 +1,7 @@
 """``dsdoctor calibrate``: measure this machine's bandwidths, overheads and FLOP/s for plan's models."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_output_flags, emit
+from dsdoctor.cli.common import SECONDS, add_command, add_output_flags, emit
 
 EXAMPLES = """\
   dsdoctor calibrate                          # about a minute; caches ~/.cache/dsdoctor/machine-<fingerprint>.json
@@ -30,7 +30,7 @@ def add_flags(p):
     p.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     p.add_argument("--nvme-path", default=None, help="a directory on the NVMe drive offload would use")
     p.add_argument("--no-cache", action="store_true", help="do not write the per-machine cache file")
-    p.add_argument("--budget-s", type=float, default=60.0, help="time budget in seconds (default: 60)")
+    p.add_argument("--budget-s", type=SECONDS, default=60.0, help="time budget in seconds (default: 60)")
 
 
 def run(args) -> int:

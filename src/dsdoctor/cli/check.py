@@ -1,8 +1,9 @@
 """``dsdoctor check CONFIG``: one library call, rendered."""
 from __future__ import annotations
 
-from dsdoctor.cli.common import add_command, add_gpus_flag, add_output_flags, emit
+from dsdoctor.cli.common import add_command, add_gpus_flag, add_output_flags, bounded, emit
 from dsdoctor.findings import exit_code
+from dsdoctor.units import MAX_GPUS
 
 
 def register(sub):
@@ -26,7 +27,7 @@ def register(sub):
                                       "bare DeepSpeed config)")
     p.add_argument("--model", metavar="DIR", help="local model directory or config.json (sizes findings in bytes)")
     add_gpus_flag(p, "the accelerate YAML's num_processes, else unknown", " that the config runs on")
-    p.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree used with it")
+    p.add_argument("--tp", type=bounded(1, MAX_GPUS), metavar="N", help="tensor-parallel degree used with it")
     p.add_argument("--runner", choices=("deepspeed", "init_inference", "hf-trainer", "llamafactory", "axolotl",
                                         "ms-swift", "accelerate"), default=None,
                    help="what runs a bare DeepSpeed JSON (default: read from the file; a DeepSpeed JSON alone is "

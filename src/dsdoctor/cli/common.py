@@ -12,9 +12,33 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsdoctor.errors import one_line, printable_block
+from dsdoctor.errors import InputError, one_line, printable_block
 from dsdoctor.i18n import LANGS, default_lang
 from dsdoctor.report.render import FORMATS, render
+from dsdoctor.units import MAX_BATCH, MAX_GPUS, MAX_SECONDS, MAX_TOKENS, number
+
+
+def bounded(low: float, high: float, whole: bool = True):
+    """An argparse type for a numeric flag: its text through the one bounded reader (``units.number``), so
+    NaN, ``1e400`` and values past any machine end as one usage line naming the flag."""
+    def parse(text: str):
+        try:
+            return number(text, "value", low=low, high=high, whole=whole)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(exc.problem) from None
+
+    parse.bounds = (low, high)
+    return parse
+
+
+SECONDS, TOKENS, BATCH = bounded(0.001, MAX_SECONDS, whole=False), bounded(1, MAX_TOKENS), bounded(1, MAX_BATCH)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (the command, the problem, where to look), exit 2."""
+
+    def error(self, message):
+        self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
 def add_command(sub, name: str, help: str, examples: str, description: str | None = None):
@@ -38,7 +62,7 @@ def add_output_flags(p, fail_on: bool = True, formats=FORMATS):
 
 
 def add_gpus_flag(p, default: str, use: str = "") -> None:
-    p.add_argument("--gpus", type=int, default=None, metavar="N",
+    p.add_argument("--gpus", type=bounded(1, MAX_GPUS), default=None, metavar="N",
                    help=f"number of GPUs, one rank each{use} (default: {default})")
 
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from dsdoctor.cli.common import (
+    SECONDS,
+    TOKENS,
     add_command,
     add_dtype_flag,
     add_gpus_flag,
@@ -45,11 +47,11 @@ def register(sub):
                         "(default: plain,zero3; with MODEL_DIR_B: plain)")
     add_gpus_flag(p, "visible GPUs, else 2", " for zero3/zero3-offload/tp")
     p.add_argument("--prompts", default=None, metavar="FILE", help="prompt file (see below)")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate per prompt (default: 16)")
+    p.add_argument("--max-new-tokens", type=TOKENS, default=16, help="tokens to generate per prompt (default: 16)")
     add_dtype_flag(p, "compute dtype for every path", default_text="the checkpoint's, else fp32")
     add_out_flag(p, None, "write report.json, report.md and raw runs into DIR")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up on a load path after S seconds")
+    p.add_argument("--timeout", type=SECONDS, default=None, metavar="S", help="give up on a load path after S seconds")
     add_quiet_flag(p, "no progress")
     p.add_argument("--oversubscribe", action="store_true",
                    help="on the CPU accelerator, allow more ranks than usable CPU cores (refused by default)")

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dsdoctor.cli.common import (
+    BATCH,
+    SECONDS,
+    TOKENS,
     add_command,
     add_dtype_flag,
     add_gpus_flag,
@@ -36,10 +39,10 @@ def register(sub):
     add_gpus_flag(p, "the traced run's world size, else detected, else 1", " for inference")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: detected, else 80GiB)")
     p.add_argument("--host-memory", default=None, help="host memory, e.g. 512GiB (default: this machine's)")
-    p.add_argument("--batch", type=int, default=None,
+    p.add_argument("--batch", type=BATCH, default=None,
                    help="sequences each rank generates at once (default: the traced run's, else 1)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: the traced run's, else 512)")
-    p.add_argument("--new-tokens", type=int, default=None,
+    p.add_argument("--prompt-len", type=TOKENS, default=None, help="prompt tokens (default: the traced run's, else 512)")
+    p.add_argument("--new-tokens", type=TOKENS, default=None,
                    help="generated tokens (default: the traced run's, else 128)")
     add_dtype_flag(p, "weight dtype", default_text="the traced run's, else the model's, else bf16")
     p.add_argument("--machine", default=None, metavar="PROFILE",
@@ -47,7 +50,7 @@ def register(sub):
     p.add_argument("--checkpoint", default=None, help="a DeepSpeed ZeRO checkpoint directory to merge and verify")
     add_out_flag(p, "dsdoctor-out", "report directory")
     p.add_argument("--force", action="store_true", help="replace an existing report directory")
-    p.add_argument("--timeout", type=float, default=None, help="watchdog for a traced command, seconds")
+    p.add_argument("--timeout", type=SECONDS, default=None, help="watchdog for a traced command, seconds")
     p.add_argument("command", nargs="*", help="after --: your inference command, to trace (and A/B on a GPU)")
     add_output_flags(p)
     p.set_defaults(func=run)

@@ -24,7 +24,9 @@ exit codes: 0 clean, 1 findings at or above --fail-on, 2 bad input or internal e
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from dsdoctor.cli.common import Parser
+
+    parser = Parser(
         prog="dsdoctor",
         description="Find, explain and fix why LLM inference with DeepSpeed runs out of GPU memory or crawls.",
         epilog=EPILOG,

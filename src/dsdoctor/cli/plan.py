@@ -1,9 +1,10 @@
 """``dsdoctor plan``: which load path to use for an inference run, and what fits."""
 from __future__ import annotations
 
+import os
 from dataclasses import fields, is_dataclass
 
-from dsdoctor.cli.common import add_command, add_output_flags, dtype_name, emit, lang_of, log
+from dsdoctor.cli.common import add_command, add_output_flags, bounded, dtype_name, emit, lang_of, log
 from dsdoctor.findings import exit_code
 from dsdoctor.plan.request import JobRequest, PlanRequest
 
@@ -39,7 +40,8 @@ def add_request_flags(p, cls, skip=()) -> list[str]:
         elif kind == "off":
             opts.update(action="store_const", const=False)
         else:
-            opts.update(type={"int": int, "dtype": dtype_name}.get(kind, str), choices=m.get("choices"),
+            opts.update(type=bounded(1, m["high"]) if kind == "int" else dtype_name if kind == "dtype" else str,
+                        choices=m.get("choices"),
                         metavar=m.get("metavar") or ("{bf16,fp16,fp32}" if kind == "dtype" else None))
         p.add_argument(m.get("flag") or "--" + f.name.replace("_", "-"), **opts)
         added.append(f.name)
@@ -78,8 +80,8 @@ def run(args) -> int:
     from dsdoctor.errors import InputError
     from dsdoctor.plan.api import plan
 
-    if any(getattr(args, k) for k in JOB_FLAGS):
-        return run_job(args)
+    if any(getattr(args, k) for k in JOB_FLAGS) or (args.loop and args.model and not os.path.exists(args.model)):
+        return run_job(args)  # an RL job, or --loop --model SIZE (a size is planned as the job planner's shape)
     if args.model is None:
         raise InputError("plan needs --model DIR (or, with --loop, --job FILE)")
     if args.measure:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsdoctor.cli.common import add_command, add_out_flag, add_output_flags, add_quiet_flag, emit, lang_of
+from dsdoctor.cli.common import SECONDS, add_command, add_out_flag, add_output_flags, add_quiet_flag, emit, lang_of
 from dsdoctor.findings import exit_code
 
 EXAMPLES = """\
@@ -19,7 +19,7 @@ EXAMPLES = """\
 def add_run_flags(p, default_out: str) -> None:
     add_out_flag(p, default_out, "output directory")
     p.add_argument("--force", action="store_true", help="replace the output directory if it exists")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--timeout", type=SECONDS, default=None, metavar="SECONDS",
                    help="watchdog: end every process of the run after SECONDS and report where each rank was")
     add_quiet_flag(p, "the command's output is not echoed (it is kept in output.log)")
     add_output_flags(p)

@@ -97,7 +97,7 @@ def load_config(source: str | os.PathLike | dict) -> LoadedConfig:
         raise InputError(f"expected a config path or a dict, not {type(source).__name__}")
     path = Path(source)
     text = read_text(path)
-    system = _under_system_dir(path)
+    system = door.outside_tree(path)
     if system:  # a system file named on the command line: read only when it is a config, never echoed
         _require_config_words(path, text, None)
     if not text.lstrip().startswith(("{", "[")) and looks_like_command(text):
@@ -367,7 +367,7 @@ def _int_or_none(value):
 
 def _read_ref(yaml_path: Path, ref: str, expect: str = "deepspeed") -> tuple[Path, dict | None]:
     """The file another config names (``deepspeed_config_file``, ``deepspeed:``, ``--deepspeed_config``...),
-    parsed. A file outside the user's tree (``_foreign``) is read only when it is a config of the ``expect``ed
+    parsed. A file outside the user's tree (``door.outside_tree``) is read only when it is a config of the ``expect``ed
     kind: a crafted YAML naming ``/etc/shadow`` or ``~/.ssh/id_rsa`` must not get its lines parsed as keys and
     written by ``split`` into an output, nor quoted in an error."""
     ref_path = Path(os.path.expanduser(ref))
@@ -378,7 +378,7 @@ def _read_ref(yaml_path: Path, ref: str, expect: str = "deepspeed") -> tuple[Pat
         ref_path = next((c for c in candidates if c.exists()), yaml_path.parent / ref_path)
     if not ref_path.exists():
         return ref_path, None
-    if not _foreign(ref_path, yaml_path):
+    if not door.outside_tree(ref_path, yaml_path):
         data, _kind = _parse_file(ref_path)
         return ref_path, data
     text = read_text(ref_path)
@@ -391,32 +391,8 @@ def _read_ref(yaml_path: Path, ref: str, expect: str = "deepspeed") -> tuple[Pat
 
 # --- files outside the user's tree ---------------------------------------------------------------------------
 
-_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var", "/usr", "/lib", "/lib32", "/lib64",
-                "/bin", "/sbin", "/srv", "/snap")
 _ACCELERATE_KEYS = ("deepspeed_config", "distributed_type", "compute_environment")
 _TRAINER_KEYS = ("deepspeed", "model_name_or_path", "output_dir", "stage", "base_model")
-
-
-def _resolved(path: Path) -> Path:
-    try:
-        return Path(os.path.realpath(path))
-    except (OSError, ValueError):
-        return Path(os.path.abspath(path))
-
-
-def _under_system_dir(path: Path) -> bool:
-    real = str(_resolved(path))
-    return any(real == d or real.startswith(d + "/") for d in _SYSTEM_DIRS)
-
-
-def _foreign(path: Path, named_by: Path) -> bool:
-    """A file outside the user's tree: under a system folder, inside a hidden folder (``~/.ssh``), or outside
-    both the working directory and the folder of the file that names it (links resolved)."""
-    real = _resolved(path)
-    if _under_system_dir(real) or any(part.startswith(".") and part not in (".", "..") for part in real.parent.parts):
-        return True
-    homes = [_resolved(Path.cwd()), _resolved(named_by).parent]
-    return not any(real == h or h in real.parents for h in homes)
 
 
 def _config_words():
@@ -427,9 +403,9 @@ def _config_words():
 
 
 def _require_config_words(path: Path, text: str, named_by: Path | None) -> None:
-    """Refuse, before parsing (whose errors could quote it), a file that names no config key at all."""
-    if not _config_words().search(text):
-        raise _not_a_config(path, named_by)
+    """Refuse, before parsing (whose errors could quote it), a file outside the user's tree that names no config
+    key at all (``door.require_words``)."""
+    door.require_words(path, text, _config_words(), door.DS_CONFIG.what, named_by)
 
 
 def _has_config_keys(data, accelerate: bool = False, trainer: bool = False) -> bool:
@@ -443,10 +419,7 @@ def _has_config_keys(data, accelerate: bool = False, trainer: bool = False) -> b
 
 
 def _not_a_config(path: Path, named_by: Path | None) -> InputError:
-    by = f" (named by {printable(named_by)})" if named_by is not None else ""
-    return InputError(f"is not a DeepSpeed config: it holds no DeepSpeed key{by}; a file outside your working "
-                      "directory and the config's folder is read only when it is one, and its content is not "
-                      "shown", path=path)
+    return door.refused_outside(path, door.DS_CONFIG.what, named_by)
 
 
 def _from_accelerate_yaml(path: Path, data: dict, ds: Any) -> LoadedConfig:
@@ -624,26 +597,62 @@ _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _LAUNCHER_IN_LINE = re.compile("|".join(map(re.escape, _LAUNCHERS)))
 
 
-def _command_tokens(text: str) -> list[str]:
-    """The words of the first launch command in ``text`` (a command line or a shell script: continuation lines
-    joined, comments, ``export``/``cd`` lines and leading VAR=value assignments skipped).
-
-    ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so only lines that
-    name a launcher at all are split, and only as many of their bytes as a YAML file may hold in all: any
-    file's cost stays bounded (a real launch script is a few KiB)."""
+def launch_words(text: str, every: bool = False):
+    """The words of each command line of a launch line or shell script: continuation lines joined, comments
+    dropped, a line with unbalanced quotes skipped. The one reader of launch lines (``check``'s command configs
+    here, the RL jobs of ``config/rl.py``). ``every``: every line (assignments too), else only lines naming a
+    launcher. ``shlex`` is pure Python and quadratic in a token's length (a 2 MB line takes minutes), so at most
+    as many bytes as a YAML file may hold in all are split: past them no more lines come (with ``every``, none:
+    the text is no launch script), so any file's cost stays bounded (a real launch script is a few KiB)."""
     import shlex
 
     budget = door.DS_CONFIG.slow_parse_bytes
-    for line in text.replace("\\\n", " ").splitlines():
-        if not _LAUNCHER_IN_LINE.search(line):
+    if every and len(text) > budget:
+        return
+    for line in text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines():
+        if not every and not _LAUNCHER_IN_LINE.search(line):
             continue
         budget -= len(line)
         if budget < 0:
-            return []
+            return
         try:
-            tokens = shlex.split(line, comments=True)
+            yield shlex.split(line, comments=True)
         except ValueError:  # unbalanced quotes: not a command line
             continue
+
+
+def launch_flags(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``--key value``, ``--key=value`` and bare ``--flag`` (``"true"``), dashes in names as underscores, and hydra's
+    ``a.b.c=value`` overrides, as text; and the positional words. A word is a flag's value unless it is an
+    option itself (``-x``, ``--y``; a negative number is a value)."""
+    flags: dict[str, str] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--") and len(tok) > 2:
+            key, eq, value = tok[2:].partition("=")
+            if not eq:
+                nxt = tokens[i + 1] if i + 1 < len(tokens) else "-"
+                value, i = ("true", i) if nxt.startswith("-") and not _NEGATIVE.fullmatch(nxt) else (nxt, i + 1)
+            flags[key.replace("-", "_")] = value
+        elif _HYDRA.fullmatch(tok):  # a.b.c=value, +a.b=value
+            key, _, value = tok.lstrip("+").partition("=")
+            flags[key] = value
+        elif not tok.startswith("-"):
+            positional.append(tok)
+        i += 1
+    return flags, positional
+
+
+_NEGATIVE = re.compile(r"-\d[\d.e+-]*")
+_HYDRA = re.compile(r"\+?\+?[A-Za-z_][\w.]*\.[\w.]+=.*")
+
+
+def _command_tokens(text: str) -> list[str]:
+    """The words of the first launch command in ``text`` (``export``/``cd`` lines and leading VAR=value
+    assignments skipped)."""
+    for tokens in launch_words(text):
         while tokens and _ENV_ASSIGN.match(tokens[0]):  # CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...
             tokens.pop(0)
         if tokens and tokens[0].rsplit("/", 1)[-1] in _LAUNCHERS:
@@ -664,29 +673,14 @@ def parse_command(text: str) -> dict:
     sub-command, ``_script`` the first positional file."""
     import yaml
 
-    tokens = _command_tokens(text)
+    flags, positional = launch_flags(_command_tokens(text))
     out: dict = {}
-    positional: list[str] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.startswith("--") and len(tok) > 2:
-            key, eq, value = tok[2:].partition("=")
-            key = key.replace("-", "_")
-            if not eq:
-                if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                    value = tokens[i + 1]
-                    i += 1
-                else:
-                    value = "true"
-            try:
-                parsed = yaml.safe_load(value)
-            except yaml.YAMLError:
-                parsed = value
-            out[key] = parsed if isinstance(parsed, (str, int, float, bool)) else value
-        elif not tok.startswith("-"):
-            positional.append(tok)
-        i += 1
+    for key, value in flags.items():
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        out[key] = parsed if isinstance(parsed, (str, int, float, bool)) else value
     out["_command"] = " ".join(positional[:2])
     script = next((p for p in positional if p.endswith((".py", ".yaml", ".yml", ".json"))), None)
     if script:

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
 from dsdoctor.errors import InputError
+from dsdoctor.units import MAX_GPUS, MAX_TOKENS, number
 
 ROLES = ("actor", "reference", "critic", "reward", "ema")
 TRAINABLE_ROLES = ("actor", "critic")
@@ -158,17 +158,14 @@ def parse_model_spec(role: str, text: str) -> RlModel:
 # ------------------------------------------------------------------ launch lines
 
 def _tokens(text: str) -> list[str]:
-    """Every word of the script's commands, continuation lines joined, comments dropped; ``$VAR`` and
+    """Every word of the script's commands (``config.load.launch_words``, the one bounded reader); ``$VAR`` and
     ``${VAR}`` replaced by the last literal ``VAR=value`` the script assigns (a default set in an ``if``
     block counts); others stay as written."""
-    joined = text.replace("\\\r\n", " ").replace("\\\n", " ")
+    from dsdoctor.config.load import launch_words
+
     assigned: dict[str, str] = {}
     words: list[str] = []
-    for line in joined.splitlines():
-        try:
-            toks = shlex.split(line, comments=True)
-        except ValueError:
-            continue
+    for toks in launch_words(text, every=True):
         if len(toks) == 1 and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=[^$`]*", toks[0]):
             name, value = toks[0].split("=", 1)
             assigned[name] = value
@@ -182,8 +179,10 @@ def _tokens(text: str) -> list[str]:
 
 
 def parse_flags(tokens: list[str]) -> dict:
-    """``--key value``, ``--key=value``, bare ``--flag`` (true) and hydra's ``a.b.c=value`` overrides; values
-    read as scalars (true/false, null, numbers, else the text). Dashes in flag names become underscores."""
+    """The flags of ``config.load.launch_flags`` (``--key value``, bare ``--flag``, hydra's ``a.b.c=value``), values
+    read as scalars (true/false, null, numbers, else the text); a number's bounds are its reader's (``count``)."""
+    from dsdoctor.config.load import launch_flags
+
     def scalar(v: str):
         low = v.strip().lower()
         if low in ("true", "yes", "on"):
@@ -199,38 +198,21 @@ def parse_flags(tokens: list[str]) -> dict:
                 pass
         return v
 
-    out: dict = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if tok.startswith("--") and len(tok) > 2:
-            key, eq, value = tok[2:].partition("=")
-            key = key.replace("-", "_")
-            if not eq:
-                if i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
-                    value = tokens[i + 1]
-                    i += 1
-                else:
-                    value = "true"
-            out[key] = scalar(value)
-        elif re.fullmatch(r"\+?\+?[A-Za-z_][\w.]*\.[\w.]+=.*", tok):  # hydra: a.b.c=value, +a.b=value
-            key, _, value = tok.lstrip("+").partition("=")
-            out[key] = scalar(value)
-        i += 1
-    return out
+    return {key: scalar(value) for key, value in launch_flags(tokens)[0].items()}
 
 
-def _int(args: dict, key: str, default=None):
+def count(args: dict, key: str, default=None, high: int = MAX_TOKENS):
+    """A count the launch line gives (``units.number``: finite, 0..high); an unresolved ``$VAR``: the default."""
     v = args.get(key, default)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-        return default if isinstance(v, str) and v.startswith("$") else _bad(key, v)
-    return int(v)
+    if isinstance(v, str) and v.startswith("$"):
+        return default
+    return None if v is None else number(v, f"--{key}", high=high)
 
 
-def _bad(key: str, v):
-    raise InputError(f"--{key} {v!r} is not a whole number")
+def _fraction(args: dict, key: str, default: float) -> float:
+    """A share of GPU memory the launch line gives, in (0, 1]."""
+    v = args.get(key)
+    return number(default if v is None else v, f"--{key}", low=0.01, high=1, whole=False)
 
 
 def _true(v) -> bool:
@@ -260,8 +242,8 @@ def detect_framework(tokens: list[str], args: dict) -> str | None:
 
 def deepspeed_chat(args: dict) -> RlJob:
     """DeepSpeed-Chat step 3 (main.py): its models and the configs ds_utils.py builds for them."""
-    actor_stage = _int(args, "actor_zero_stage", 0)
-    critic_stage = _int(args, "critic_zero_stage", 0)
+    actor_stage = count(args, "actor_zero_stage", 0, high=3)
+    critic_stage = count(args, "critic_zero_stage", 0, high=3)
     offload = _true(args.get("offload"))
     frozen_actor_stage = 3 if actor_stage == 3 else 0
     frozen_critic_stage = 3 if critic_stage == 3 else 0
@@ -280,18 +262,18 @@ def deepspeed_chat(args: dict) -> RlJob:
     if _true(args.get("enable_hybrid_engine")):
         engine = Engine("hybrid-engine", pin=not _true(args.get("unpin_actor_parameters")),
                         release_cache=_true(args.get("release_inference_cache")),
-                        tp=_int(args, "inference_tp_size", 1) or 1)
+                        tp=count(args, "inference_tp_size", 1) or 1)
     else:
         engine = Engine("generate")
-    batch = _int(args, "per_device_generation_batch_size", None) or _int(args, "per_device_train_batch_size", 16)
-    train = _int(args, "per_device_training_batch_size", None) or _int(args, "per_device_mini_train_batch_size", 16)
-    job = RlJob(models, batch=batch, prompt_len=_int(args, "max_prompt_seq_len", 256),
-                new_tokens=_int(args, "max_answer_seq_len", 256), train_batch=train,
+    batch = count(args, "per_device_generation_batch_size", None) or count(args, "per_device_train_batch_size", 16)
+    train = count(args, "per_device_training_batch_size", None) or count(args, "per_device_mini_train_batch_size", 16)
+    job = RlJob(models, batch=batch, prompt_len=count(args, "max_prompt_seq_len", 256),
+                new_tokens=count(args, "max_answer_seq_len", 256), train_batch=train,
                 dtype=str(args.get("dtype", "fp16")), engine=engine, framework="deepspeed-chat", args=args,
                 overlap_comm=True, experience_batch=batch, engines_allowed=("generate", "gather-once", "hybrid-engine"))
     _unresolved(job, args, ("actor_zero_stage", "critic_zero_stage", "per_device_generation_batch_size",
                             "per_device_training_batch_size"))
-    if (_int(args, "actor_lora_dim", 0) or 0) > 0:
+    if (count(args, "actor_lora_dim", 0) or 0) > 0:
         job.notes.append("--actor_lora_dim: LoRA is not modelled; the actor is planned as fully trained")
     return job
 
@@ -315,13 +297,13 @@ def deepspeed_chat_actor_config(job: RlJob) -> dict:
                           "max_out_tokens": (job.prompt_len or 256) + (job.new_tokens or 256),
                           "inference_tp_size": engine.tp, "release_inference_cache": engine.release_cache,
                           "pin_parameters": engine.pin,
-                          "tp_gather_partition_size": _int(args, "tp_gather_partition_size", 8) or 8},
+                          "tp_gather_partition_size": count(args, "tp_gather_partition_size", 8) or 8},
     }
 
 
 def openrlhf(args: dict) -> RlJob:
     """OpenRLHF train_ppo_ray: models, their GPU groups, vLLM engines."""
-    stage = _int(args, "zero_stage", 2)
+    stage = count(args, "zero_stage", 2, high=3)
     frozen_stage = 3 if stage == 3 else 0
     offload_frozen = _true(args.get("ref_reward_offload"))
     ckpt = _true(args.get("gradient_checkpointing"))
@@ -344,19 +326,19 @@ def openrlhf(args: dict) -> RlJob:
     if reward and not args.get("remote_rm_url"):
         models.append(RlModel("reward", str(reward).split(",")[0], False, frozen_stage, offload_frozen,
                               group="all" if all_models else ("critic" if critic_reward else "reward")))
-    engines = _int(args, "vllm_num_engines", None) or 0
-    tp = _int(args, "vllm_tensor_parallel_size", 1) or 1
+    engines = count(args, "vllm_num_engines", None) or 0
+    tp = count(args, "vllm_tensor_parallel_size", 1) or 1
     if engines > 0:
-        engine = Engine("vllm", colocate=all_models, gpu_memory_utilization=float(
-            args.get("vllm_gpu_memory_utilization", 0.95)), tp=tp, gpus=0 if all_models else engines * tp,
+        engine = Engine("vllm", colocate=all_models, gpu_memory_utilization=_fraction(
+            args, "vllm_gpu_memory_utilization", 0.95), tp=tp, gpus=0 if all_models else engines * tp,
             sleep=all_models and _true(args.get("vllm_enable_sleep")))
     else:
         engine = Engine("generate")
-    gpus = (_int(args, "actor_num_nodes", 1) or 1) * (_int(args, "actor_num_gpus_per_node", 8) or 8)
-    job = RlJob(models, batch=_int(args, "micro_rollout_batch_size", 8), prompt_len=_int(args, "prompt_max_len", 1024),
-                new_tokens=_int(args, "generate_max_len", 1024), train_batch=_int(args, "micro_train_batch_size", 4),
+    gpus = (count(args, "actor_num_nodes", 1) or 1) * (count(args, "actor_num_gpus_per_node", 8) or 8)
+    job = RlJob(models, batch=count(args, "micro_rollout_batch_size", 8), prompt_len=count(args, "prompt_max_len", 1024),
+                new_tokens=count(args, "generate_max_len", 1024), train_batch=count(args, "micro_train_batch_size", 4),
                 dtype="bf16" if _true(args.get("bf16")) else "fp32", gpus=gpus, engine=engine, framework="openrlhf",
-                experience_batch=_int(args, "micro_rollout_batch_size", 8),
+                experience_batch=count(args, "micro_rollout_batch_size", 8),
                 args=args, overlap_comm=_true(args.get("overlap_comm")),
                 engines_allowed=("generate", "vllm"))
     if not all_models:
@@ -393,23 +375,22 @@ def verl(args: dict) -> RlJob:
         models.append(RlModel("reward", args.get("reward_model.model.path"), False, 3,
                               _true(args.get("reward_model.model.fsdp_config.param_offload"))))
     name = str(args.get(a + "rollout.name", "vllm"))
-    util = args.get(a + "rollout.gpu_memory_utilization")
     job_notes = []
-    if util is None:
-        util = 0.5
+    if args.get(a + "rollout.gpu_memory_utilization") is None:
         job_notes.append(f"{a}rollout.gpu_memory_utilization not given: 0.5 assumed")
     engine = Engine("vllm" if name in ("vllm", "sglang") else "generate", colocate=True,
-                    gpu_memory_utilization=float(util), tp=_int(args, a + "rollout.tensor_model_parallel_size", 1) or 1,
+                    gpu_memory_utilization=_fraction(args, a + "rollout.gpu_memory_utilization", 0.5),
+                    tp=count(args, a + "rollout.tensor_model_parallel_size", 1) or 1,
                     sleep=_true(args.get(a + "rollout.free_cache_engine", True)))
-    gpus = (_int(args, "trainer.n_gpus_per_node", 8) or 8) * (_int(args, "trainer.nnodes", 1) or 1)
-    prompts = _int(args, "data.train_batch_size", None)
-    n = _int(args, a + "rollout.n", 1) or 1
+    gpus = (count(args, "trainer.n_gpus_per_node", 8) or 8) * (count(args, "trainer.nnodes", 1) or 1)
+    prompts = count(args, "data.train_batch_size", None)
+    n = count(args, a + "rollout.n", 1) or 1
     batch = max(prompts * n // gpus, 1) if prompts else None
-    job = RlJob(models, batch=batch, prompt_len=_int(args, "data.max_prompt_length", 512),
-                new_tokens=_int(args, "data.max_response_length", 512),
-                train_batch=_int(args, a + "actor.ppo_micro_batch_size_per_gpu", None) or 1, dtype="bf16", gpus=gpus,
-                experience_batch=_int(args, a + "rollout.log_prob_micro_batch_size_per_gpu", None)
-                or _int(args, a + "actor.ppo_micro_batch_size_per_gpu", None) or 1,
+    job = RlJob(models, batch=batch, prompt_len=count(args, "data.max_prompt_length", 512),
+                new_tokens=count(args, "data.max_response_length", 512),
+                train_batch=count(args, a + "actor.ppo_micro_batch_size_per_gpu", None) or 1, dtype="bf16", gpus=gpus,
+                experience_batch=count(args, a + "rollout.log_prob_micro_batch_size_per_gpu", None)
+                or count(args, a + "actor.ppo_micro_batch_size_per_gpu", None) or 1,
                 engine=engine, framework="verl", args=args, notes=job_notes + [
                     "verl trains with FSDP: planned as ZeRO-3 (parameters, gradients and optimizer state sharded)",
                     "free_cache_engine planned as the rollout engine's sleep: its memory released during training"],
@@ -434,18 +415,18 @@ def trl(args: dict, stage: int | None = None) -> RlJob:
             notes.append("vllm_mode not given: 'server' assumed (trl's GRPOConfig default; newer releases may "
                          "default to colocate)")
         engine = Engine("vllm", colocate=mode == "colocate",
-                        gpu_memory_utilization=float(args.get("vllm_gpu_memory_utilization", 0.3)),
-                        tp=_int(args, "vllm_tensor_parallel_size", 1) or 1,
+                        gpu_memory_utilization=_fraction(args, "vllm_gpu_memory_utilization", 0.3),
+                        tp=count(args, "vllm_tensor_parallel_size", 1) or 1,
                         sleep=_true(args.get("vllm_enable_sleep_mode")))
     elif args.get("ds3_gather_for_generation") is not None and not _true(args.get("ds3_gather_for_generation")):
         engine = Engine("generate")
     else:
         engine = Engine("gather-once")  # ds3_gather_for_generation: true (the default)
-    per_device = _int(args, "per_device_train_batch_size", 8) or 8
+    per_device = count(args, "per_device_train_batch_size", 8) or 8
     dtype = "fp16" if _true(args.get("fp16")) else ("bf16" if args.get("bf16") is None or _true(args.get("bf16"))
                                                     else "fp32")
-    return RlJob(models, batch=per_device, prompt_len=_int(args, "max_prompt_length", 512),
-                 new_tokens=_int(args, "max_completion_length", 256), train_batch=per_device, dtype=dtype,
+    return RlJob(models, batch=per_device, prompt_len=count(args, "max_prompt_length", 512),
+                 new_tokens=count(args, "max_completion_length", 256), train_batch=per_device, dtype=dtype,
                  engine=engine, framework="trl", args=args, notes=notes,
                  engines_allowed=("generate", "gather-once", "vllm"))
 
@@ -460,7 +441,10 @@ def read_launch(text: str, source: str | None = None) -> RlJob | None:
     framework = detect_framework(tokens, args)
     if framework is None:
         return None
-    job = READERS[framework](args)
+    try:
+        job = READERS[framework](args)
+    except InputError as exc:  # a value of the line: the file named
+        raise InputError(exc.problem, path=exc.path or source, hint=exc.hint) from None
     job.source = source
     if job.gpus is None:
         job.gpus = _launcher_gpus(tokens, args)
@@ -510,11 +494,12 @@ def job_of_config(raw: dict, source: dict | None = None, path: str | None = None
 # ------------------------------------------------------------------ dsdoctor's job file
 
 def _read_tree(path: Path, text: str) -> dict:
-    from dsdoctor.config.load import _parse_json, _parse_yaml
+    from dsdoctor.config.load import _bound_slow_parse, _parse_json, _parse_yaml
 
     if text.lstrip().startswith("{"):
         data, _ = _parse_json(text, path)
     else:
+        _bound_slow_parse(text, path, "YAML")  # pure Python: refused at once past the bound
         data = _parse_yaml(text, path)
     if not isinstance(data, dict):
         raise InputError("is not an RL job (a mapping of models, rollout and train settings, or a launch line)",
@@ -563,12 +548,9 @@ def _trl_stage(job: RlJob, path: Path) -> None:
             m.stage = stage
 
 
-def _number(where: str, v, low: float = 1, whole: bool = True):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (whole and int(v) != v) or v < low:
-        raise InputError(f"{where} must be {'an integer' if whole else 'a number'} >= {low}, not {v!r}")
-    return int(v) if whole else float(v)
+def _number(where: str, v, source, low: float = 1, high: float = MAX_TOKENS, whole: bool = True):
+    """A number of the job file, through ``units.number`` (finite, in range, the file and key named)."""
+    return None if v is None else number(v, where, low=low, high=high, whole=whole, path=source)
 
 
 def job_from_dict(data: dict, source: str | None = None) -> RlJob:
@@ -585,14 +567,13 @@ def job_from_dict(data: dict, source: str | None = None) -> RlJob:
         if not isinstance(m, dict) or not isinstance(m.get("model"), (str, int, float)):
             raise InputError(f"models.{role} needs 'model' (a directory, config.json or size)", path=source)
         trainable = bool(m.get("trainable", role in TRAINABLE_ROLES))
-        stage = _number(f"models.{role}.stage", m.get("stage"), 0)
-        if stage is not None and stage > 3:
-            raise InputError(f"models.{role}.stage must be 0-3, not {stage}", path=source)
+        stage = _number(f"models.{role}.stage", m.get("stage"), source, 0, 3)
         models.append(RlModel(role, str(m["model"]), trainable, stage, bool(m.get("offload_param", False)),
                               bool(m.get("offload_optimizer", False)) and trainable,
                               bool(m.get("gradient_checkpointing", False))))
-    rollout = data.get("rollout") or {}
-    train = data.get("train") or {}
+    rollout, train = data.get("rollout") or {}, data.get("train") or {}
+    if not isinstance(rollout, dict) or not isinstance(train, dict):
+        raise InputError("'rollout' and 'train' must be mappings", path=source)
     eng = data.get("engine")
     engine = None
     if isinstance(eng, str):
@@ -603,15 +584,17 @@ def job_from_dict(data: dict, source: str | None = None) -> RlJob:
             raise InputError(f"engine.kind {kind!r} is not one of {', '.join(ENGINES)}", path=source)
         engine = Engine(kind, colocate=bool(eng.get("colocate", True)),
                         gpu_memory_utilization=_number("engine.gpu_memory_utilization",
-                                                       eng.get("gpu_memory_utilization"), 0.01, False),
-                        tp=_number("engine.tp", eng.get("tp", 1)), gpus=_number("engine.gpus", eng.get("gpus", 0), 0),
+                                                       eng.get("gpu_memory_utilization"), source, 0.01, 1, False),
+                        tp=_number("engine.tp", eng.get("tp", 1), source, high=MAX_GPUS),
+                        gpus=_number("engine.gpus", eng.get("gpus", 0), source, 0, MAX_GPUS),
                         sleep=bool(eng.get("sleep", False)), release_cache=bool(eng.get("release_cache", False)),
                         pin=bool(eng.get("pin", True)))
-    return RlJob(models, batch=_number("rollout.batch", rollout.get("batch")),
-                 prompt_len=_number("rollout.prompt_len", rollout.get("prompt_len")),
-                 new_tokens=_number("rollout.new_tokens", rollout.get("new_tokens")),
-                 train_batch=_number("train.micro_batch", train.get("micro_batch")),
-                 dtype=data.get("dtype"), gpus=_number("gpus", data.get("gpus")), engine=engine, source=source,
+    return RlJob(models, batch=_number("rollout.batch", rollout.get("batch"), source),
+                 prompt_len=_number("rollout.prompt_len", rollout.get("prompt_len"), source),
+                 new_tokens=_number("rollout.new_tokens", rollout.get("new_tokens"), source),
+                 train_batch=_number("train.micro_batch", train.get("micro_batch"), source),
+                 dtype=data.get("dtype"), gpus=_number("gpus", data.get("gpus"), source, high=MAX_GPUS), engine=engine,
+                 source=source,
                  overlap_comm=bool(train.get("overlap_comm", False)))
 
 

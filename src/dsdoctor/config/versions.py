@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dsdoctor.errors import InputError
+from dsdoctor.units import version
 
 PACKAGES = ("deepspeed", "transformers", "accelerate")
 
@@ -100,9 +100,7 @@ def resolve_versions(overrides: dict | None = None) -> Versions:
     for name in PACKAGES:
         given = (overrides or {}).get(name)
         if given is not None:
-            if version_tuple(given) is None:
-                raise InputError(f"--{name}-version must look like 0.15.0, not {given!r}")
-            values[name], sources[name] = str(given), f"--{name}-version"
+            values[name], sources[name] = version(given, f"--{name}-version"), f"--{name}-version"
         else:
             v = installed(name)
             values[name], sources[name] = v, "installed" if v else None

@@ -61,6 +61,7 @@ from dsdoctor.door.read import (
     map_readonly,
     open_binary,
     open_fd,
+    outside_tree,
     proc_lines,
     read_bytes,
     read_head,
@@ -68,7 +69,9 @@ from dsdoctor.door.read import (
     read_proc,
     read_tail,
     read_text,
+    refused_outside,
     require_regular,
+    require_words,
     safetensors_reader,
 )
 from dsdoctor.door.scratch import (
@@ -161,7 +164,10 @@ __all__ = [
     "probe_file",
     "proc_lines",
     "publish_into",
+    "outside_tree",
     "read_bytes",
+    "refused_outside",
+    "require_words",
     "read_head",
     "read_json",
     "read_proc",

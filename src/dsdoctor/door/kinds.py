@@ -28,6 +28,9 @@ class Kind:
     max_nodes: int | None = None  # parsed trees: values, shared sub-trees counted every time they appear
     max_line: int | None = None  # line-oriented files: longer lines are dropped as damaged
     slow_parse_bytes: int | None = None  # the bound when parsed in pure Python (YAML, HJSON)
+    # outside the user's tree (door.outside_tree): read only when one of these appears in it (its content never
+    # shown); () never read there; None: the rule is not this kind's (dsdoctor's own files, checkpoint members)
+    words: tuple[bytes, ...] | None = None
 
 
 DEPTH = 64  # the deepest real DeepSpeed/accelerate/HF config is about 6 levels
@@ -35,15 +38,18 @@ NODES = 100_000  # real configs hold fewer than 1,000 values
 
 # ---- inputs: untrusted files ---------------------------------------------------------------------------------
 DS_CONFIG = Kind("DeepSpeed config file", 16 * MiB, max_depth=DEPTH, max_nodes=NODES, slow_parse_bytes=64 * KiB)
-RL_JOB = Kind("RL job file", 1 * MiB, max_depth=DEPTH, max_nodes=NODES, slow_parse_bytes=64 * KiB)  # plan --loop --job
-MODEL_CONFIG = Kind("model config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES)
-ADAPTER_CONFIG = Kind("PEFT adapter_config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES)
-PROMPTS = Kind("prompt file", 64 * MiB)
-MACHINE_PROFILE = Kind("machine profile", 4 * MiB, "utf-8", DEPTH, NODES)  # real ones: ~3 KiB
-LATEST = Kind("`latest` file", 4 * KiB, None)  # one tag name
+RL_JOB = Kind("RL job file", 1 * MiB, max_depth=DEPTH, max_nodes=NODES, slow_parse_bytes=64 * KiB,  # plan --loop --job
+              words=(b"models", b"openrlhf", b"verl", b"trl", b"deepspeed", b"model_name_or_path", b"vllm"))
+MODEL_CONFIG = Kind("model config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES,
+                    words=(b'"hidden_size"', b'"n_embd"', b'"d_model"', b'"model_type"', b'"text_config"'))
+ADAPTER_CONFIG = Kind("PEFT adapter_config.json", 16 * MiB, max_depth=DEPTH, max_nodes=NODES,
+                      words=(b'"peft_type"', b'"lora_alpha"', b'"target_modules"'))
+PROMPTS = Kind("prompt file", 64 * MiB, words=())
+MACHINE_PROFILE = Kind("machine profile", 4 * MiB, "utf-8", DEPTH, NODES, words=(b'"fingerprint"',))  # ~3 KiB
+LATEST = Kind("`latest` file", 4 * KiB, None)  # one tag name; one linked out of its folder is not read (layout.py)
 RANK_FILE = Kind("checkpoint file", None, None)  # zip directory and data.pkl bounded by checkpoint.unpickle
 SAFETENSORS = Kind("safetensors file", None, None, DEPTH, 2_000_000)  # header: 100 MB, 2M values (~250k tensors)
-WEIGHTS_INDEX = Kind("index file", 64 * MiB, "utf-8", DEPTH, 2_000_000)
+WEIGHTS_INDEX = Kind("index file", 64 * MiB, "utf-8", DEPTH, 2_000_000, words=(b'"weight_map"',))
 WEIGHTS_BIN = Kind("weights file", None, None)  # torch.load(weights_only=True, mmap=True)
 MODEL_FILE = Kind("model file", 1 * GiB, None)  # tokenizer and generation files: copied, or opened by a library
 TRACE_RECORD = Kind("trace record", None, "utf-8", max_line=64 * MiB)  # rank-R.HOST.PID.jsonl, line by line

@@ -101,15 +101,66 @@ def _read_fd(fd: int, limit: int, path, kind: Kind, step: int = 1 << 20) -> byte
     return b"".join(chunks)
 
 
-def read_bytes(path: str | os.PathLike, kind: Kind) -> bytes:
-    """The bytes of a regular file of at most ``kind.max_bytes``; anything else is an InputError naming it."""
+SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var", "/usr", "/lib", "/lib32", "/lib64", "/bin",
+               "/sbin", "/srv", "/snap")
+
+
+def _resolved(path) -> Path:
+    try:
+        return Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(path))
+
+
+def outside_tree(path, named_by=None) -> bool:
+    """A file outside the user's tree (links resolved): under a system folder; for a file another file names
+    (``named_by``), also inside a hidden folder (``~/.ssh``) or outside both the working directory and the
+    naming file's folder."""
+    real = _resolved(path)
+    if any(str(real) == d or str(real).startswith(d + "/") for d in SYSTEM_DIRS):
+        return True
+    if named_by is None:
+        return False
+    if any(part.startswith(".") and part not in (".", "..") for part in real.parent.parts):
+        return True
+    homes = [_resolved(Path.cwd()), _resolved(named_by).parent]
+    return not any(real == h or h in real.parents for h in homes)
+
+
+def refused_outside(path, what: str, named_by=None) -> InputError:
+    """A file outside the user's tree that is not what it should be: named, never quoted."""
+    by = f" (named by {printable(named_by)})" if named_by is not None else ""
+    return InputError(f"is not a {what}: it holds none of its keys{by}; a file outside your tree (a system folder, "
+                      "or one another file names in a hidden folder or away from your working directory) is read "
+                      "only when it is one, and its content is not shown", path=path)
+
+
+def require_words(path, data: bytes | str, words, what: str, named_by=None) -> None:
+    """Refuse a file outside the user's tree that holds none of ``words`` (bytes, or a compiled pattern for
+    text), before anything parses it (a parser's error could quote it)."""
+    if not outside_tree(path, named_by):
+        return
+    found = words.search(data) if hasattr(words, "search") else any(w in data for w in words)
+    if not found:
+        raise refused_outside(path, what, named_by)
+
+
+def read_bytes(path: str | os.PathLike, kind: Kind, named_by=None) -> bytes:
+    """The bytes of a regular file of at most ``kind.max_bytes``; anything else is an InputError naming it. A
+    file outside the user's tree (``outside_tree``) is read only when it holds one of ``kind.words``."""
     if kind.max_bytes is None:
         raise ValueError(f"{kind.what} files are never read whole")
+    if kind.words == () and outside_tree(path, named_by):
+        require_regular(path, kind)  # a FIFO or a device is named as such first
+        raise refused_outside(path, kind.what, named_by)  # unread
     fd = open_fd(path, kind)
     try:
-        return _read_fd(fd, kind.max_bytes, path, kind)
+        blob = _read_fd(fd, kind.max_bytes, path, kind)
     finally:
         os.close(fd)
+    if kind.words:
+        require_words(path, blob, kind.words, kind.what, named_by)
+    return blob
 
 
 def decode(blob: bytes, path, encoding: str = "utf-8-sig") -> str:
@@ -119,9 +170,9 @@ def decode(blob: bytes, path, encoding: str = "utf-8-sig") -> str:
         raise InputError(f"is not UTF-8 text (bad byte at offset {exc.start})", path=path) from None
 
 
-def read_text(path: str | os.PathLike, kind: Kind, errors: str = "strict") -> str:
+def read_text(path: str | os.PathLike, kind: Kind, errors: str = "strict", named_by=None) -> str:
     """The text of a regular file in the kind's encoding (strict: a bad byte is an InputError naming it)."""
-    blob = read_bytes(path, kind)
+    blob = read_bytes(path, kind, named_by)
     if errors != "strict":
         return blob.decode(kind.encoding or "utf-8", errors)
     return decode(blob, path, kind.encoding or "utf-8")
@@ -288,6 +339,8 @@ def check_library_files(paths, kind: Kind) -> None:
     for p in paths:
         if os.path.lexists(p):
             require_regular(p, kind)
+            if kind.words is not None and kind.max_bytes is not None and outside_tree(p):
+                read_bytes(p, kind)  # what the library would read: refused unless it is one (door.outside_tree)
 
 
 def load_torch_weights(path: str | os.PathLike, kind: Kind):

@@ -19,21 +19,33 @@ from dsdoctor.model.moe import layout
 _PER_EXPERT = re.compile(r"(?:^|\.)experts\.\d+\.")
 
 
-def build_meta_model(raw_config: dict):
-    """The model for ``raw_config`` on the meta device, or None when transformers cannot build it."""
+def build_meta_model(raw_config: dict, path=None):
+    """The model for ``raw_config`` on the meta device, or None when transformers cannot build it. A config of
+    an architecture transformers ships that its own validation refuses (``head_dim`` 127 under RoPE) is bad
+    input: one InputError naming ``path`` (the config.json) and transformers' reason."""
     try:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     except ImportError:
         return None
     cfg_dict = {k: v for k, v in raw_config.items() if k not in ("auto_map", "quantization_config")}
     model_type = cfg_dict.pop("model_type", None)
-    if not model_type:
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES:
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             config = AutoConfig.for_model(model_type, **cfg_dict)
+    except Exception as exc:  # transformers' own validation (ValueError, huggingface_hub's StrictDataclassError)
+        from dsdoctor.errors import InputError
+        from dsdoctor.model.custom import library_error
+
+        raise InputError(f"transformers refuses this {model_type} config: {library_error(exc)[:300]}",
+                         path=path) from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             with torch.device("meta"):
                 return AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     except (ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
@@ -134,8 +146,8 @@ def config_layout(model) -> list[tuple[int, int | None]] | None:
     return None
 
 
-def exact_inventory(raw_config: dict, probe_positions: int = 0) -> Inventory | None:
-    model = build_meta_model(raw_config)
+def exact_inventory(raw_config: dict, probe_positions: int = 0, path=None) -> Inventory | None:
+    model = build_meta_model(raw_config, path)
     if model is None:
         return None
     inv = inventory_of_module(model)

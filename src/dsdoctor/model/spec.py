@@ -60,10 +60,12 @@ def _find_config(path: str | os.PathLike) -> Path:
     return p
 
 
-def read_config_json(path: str | os.PathLike) -> tuple[Path, dict]:
-    """The parsed config.json: a regular file of bounded size, depth and node count (untrusted input)."""
+def read_config_json(path: str | os.PathLike, named_by=None) -> tuple[Path, dict]:
+    """The parsed config.json (the one reader of it: plan, check, split, merge, verify, compare, RL jobs): a
+    regular file of bounded size, depth and node count (untrusted input); outside the user's tree (a system
+    folder, or away from the file ``named_by`` that names it) only when it reads as a model config."""
     p = _find_config(path)
-    text = door.read_text(p, door.MODEL_CONFIG)
+    text = door.read_text(p, door.MODEL_CONFIG, named_by=named_by)
     door.json_bound(text, p, door.MODEL_CONFIG)
     try:
         data = json.loads(text)
@@ -106,8 +108,8 @@ def _int(cfg: dict, path: Path, *keys, default=None, low: int = 1, limit: int | 
     return default
 
 
-def load_model_spec(path: str | os.PathLike) -> ModelSpec:
-    p, cfg = read_config_json(path)
+def load_model_spec(path: str | os.PathLike, named_by=None) -> ModelSpec:
+    p, cfg = read_config_json(path, named_by)
     return spec_from_config(cfg, p)
 
 

@@ -58,7 +58,7 @@ def load_inventory(spec, counts: str = "auto"):
             positions = min(int(spec.max_position_embeddings or 4096), 131072)
             key = json.dumps(spec.raw, sort_keys=True)
             if key not in _EXACT_CACHE:
-                _EXACT_CACHE[key] = exact_inventory(spec.raw, probe_positions=positions)
+                _EXACT_CACHE[key] = exact_inventory(spec.raw, probe_positions=positions, path=spec.path)
             inv = copy.deepcopy(_EXACT_CACHE[key])
         except ImportError:
             inv = None

@@ -11,12 +11,11 @@ from dataclasses import asdict, dataclass, field
 from dsdoctor.errors import InputError
 from dsdoctor.gpus import gpu_facts
 from dsdoctor.machine import meminfo, nvidia_smi_gpus
-from dsdoctor.units import parse_bytes
+from dsdoctor.units import MAX_GPUS, number, parse_bytes
 
 GiB = 1024**3
 
 NVME_READ = 6e9  # one PCIe 4 NVMe drive, sequential read
-MAX_GPUS = 512  # a plan is for one model-parallel group; past this the tp/ZeRO arithmetic only burns time
 MAX_MEMORY = 1 << 50  # 1 PiB
 
 
@@ -66,11 +65,7 @@ def make_hardware(gpus: int | None = None, gpu_memory=None, host_memory=None, h2
         else:
             gpus = 1
             assumed.append("gpus=1")
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise InputError(f"--gpus must be an integer >= 1, not {gpus!r}")
-    if gpus > MAX_GPUS:
-        raise InputError(f"--gpus {gpus} is more than a plan covers (limit {MAX_GPUS}); plan one node or one "
-                         "model-parallel group")
+    gpus = number(gpus, "--gpus", low=1, high=MAX_GPUS)
     if gpu_memory is None:
         if found:
             gpu_memory = found[1]

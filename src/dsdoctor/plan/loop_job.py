@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from dsdoctor.config import rl
 from dsdoctor.config.runner import size_from_name
 from dsdoctor.errors import InputError
-from dsdoctor.model.spec import load_model_spec, spec_from_config
+from dsdoctor.model.spec import MAX_PARAMS, load_model_spec, spec_from_config
 from dsdoctor.plan.api import load_inventory, resolve_profile
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.hardware import make_hardware
@@ -40,6 +40,7 @@ from dsdoctor.plan.request import JobRequest, MachineRequest
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for, hooked_modules
 from dsdoctor.plan.workload import make_workload
+from dsdoctor.units import MAX_BATCH, MAX_GPUS, number
 from dsdoctor.zero_costs import allgather_s
 
 CLOSE = 0.05  # arrangements within 5% of the fastest: the one with the fewest changes wins
@@ -72,15 +73,17 @@ def size_config(params: float) -> dict:
             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
 
 
-def _size_of(text: str) -> float | None:
+def _size_of(text: str, role: str) -> float | None:
+    """The parameters a size (``7B``, ``350M``) or a hub name (``Qwen2-7B``) says, 1M to 100T; else None."""
     m = _SIZE.match(text)
-    if m:
-        return float(m.group(1)) * (1e9 if m.group(2).lower() == "b" else 1e6)
-    named = size_from_name(text)
-    return float(named[:-1]) * 1e9 if named else None
+    named = size_from_name(text) if m is None else None
+    if m is None and named is None:
+        return None
+    params = float(m.group(1)) * (1e9 if m.group(2).lower() == "b" else 1e6) if m else float(named[:-1]) * 1e9
+    return number(params, f"the {role} model's size {text!r}", low=1e6, high=MAX_PARAMS, whole=False)
 
 
-def resolve(m: rl.RlModel, counts: str, cache: dict) -> Resolved:
+def resolve(m: rl.RlModel, counts: str, cache: dict, named_by=None) -> Resolved:
     source = str(m.source) if m.source is not None else None
     if not source:
         raise InputError(f"the {m.role} names no model", hint=f"give --{m.role} DIR or a size such as 7B")
@@ -88,10 +91,10 @@ def resolve(m: rl.RlModel, counts: str, cache: dict) -> Resolved:
         r = cache[source]
         return dataclasses.replace(r, role=m.role)
     if os.path.exists(source):
-        spec, how = load_model_spec(source), "config"
+        spec, how = load_model_spec(source, named_by), "config"  # named by the job file: the door's tree rule
         inv = load_inventory(spec, counts)
     else:
-        size = _size_of(source)
+        size = _size_of(source, m.role)
         if size is None:
             raise InputError(f"the {m.role} model {source!r} is neither a local directory or config.json nor a size",
                              hint="give a model directory, its config.json, or a size such as 7B")
@@ -112,9 +115,8 @@ def _group_gpus(job, total: int) -> dict:
     out = {}
     for g in groups:
         key = {"actor": "actor", "reference": "ref", "critic": "critic", "reward": "reward"}.get(g, g)
-        nodes = a.get(f"{key}_num_nodes", 1)
-        per = a.get(f"{key}_num_gpus_per_node", 8)
-        out[g] = (nodes if isinstance(nodes, int) else 1) * (per if isinstance(per, int) else 8)
+        out[g] = (rl.count(a, f"{key}_num_nodes", 1, MAX_GPUS) or 1) * \
+            (rl.count(a, f"{key}_num_gpus_per_node", 8, MAX_GPUS) or 8)
     return out
 
 
@@ -355,15 +357,16 @@ def _setup(job: rl.RlJob, req: MachineRequest):
     if job.model("actor") is None:
         raise InputError("an RL job needs an actor", hint="give --model DIR (the actor) or a job file with models.actor")
     cache: dict = {}
-    resolved = {m.role: resolve(m, req.counts, cache) for m in job.models}
-    wl = make_workload(job.batch or 1, job.prompt_len or 512, job.new_tokens or 128, job.dtype,
-                       resolved["actor"].spec.dtype)
+    resolved = {m.role: resolve(m, req.counts, cache, job.source) for m in job.models}
+    said = {k: v for k, v in (("batch", job.batch), ("prompt_len", job.prompt_len), ("new_tokens", job.new_tokens))
+            if v is not None}
+    said = {"batch": 1, "prompt_len": 512, "new_tokens": 128} | said  # 0 given is refused, not replaced
+    wl = make_workload(said["batch"], said["prompt_len"], said["new_tokens"], job.dtype, resolved["actor"].spec.dtype)
     hw = make_hardware(req.gpus if req.gpus is not None else job.gpus, req.gpu_memory, req.host_memory,
                        req.h2d_bandwidth, gpu_name=req.gpu_name, detect=req.detect)
     profile = resolve_profile(req.machine, req.detect)
-    tb = job.train_batch or wl.batch
-    if tb < 1:
-        raise InputError("the training micro-batch must be >= 1")
+    tb = wl.batch if job.train_batch is None else number(job.train_batch, "the training micro-batch (--train-batch)",
+                                                          low=1, high=MAX_BATCH)
     model = JobModel(job, resolved, hw, figures_for(hw, profile), wl, tb)
     micro = max(model.experience_batch, min(tb, wl.batch))
     ctx = model.context("actor", 1)

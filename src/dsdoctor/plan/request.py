@@ -7,20 +7,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from dsdoctor.units import MAX_BATCH, MAX_GPUS, MAX_TOKENS
+
 
 def arg(default, doc: str, *, flag: str | None = None, kind: str | None = None, metavar: str | None = None,
-        choices: tuple | None = None, shown: str | None = None):
+        choices: tuple | None = None, shown: str | None = None, high: int | None = None):
     """A request field: ``doc`` says what it is (the flag's help); ``flag``: its option ("" for the library
-    only; default ``--name-with-dashes``); ``kind``: int, dtype, on (a switch), off (``--no-x`` passes False);
-    ``shown``: the default as the help says it (else the default itself)."""
+    only; default ``--name-with-dashes``); ``kind``: int (a count from 1 to ``high``), dtype, on (a switch),
+    off (``--no-x`` passes False); ``shown``: the default as the help says it (else the default itself)."""
     return field(default=default, metadata={"doc": doc, "flag": flag, "kind": kind, "metavar": metavar,
-                                            "choices": choices, "shown": shown})
+                                            "choices": choices, "shown": shown, "high": high})
 
 
 @dataclass(kw_only=True)
 class MachineRequest:
     """The machine a plan is for, and how plan counts the model."""
-    gpus: int | None = arg(None, "number of GPUs, one rank each", kind="int", metavar="N", shown="detected, else 1")
+    gpus: int | None = arg(None, "number of GPUs, one rank each", kind="int", metavar="N", shown="detected, else 1",
+                             high=MAX_GPUS)
     gpu_memory: str | int | None = arg(None, "memory per GPU, e.g. 80GiB", shown="detected, else 80GiB")
     host_memory: str | int | None = arg(None, "host memory, e.g. 512GiB", shown="/proc/meminfo")
     h2d_bandwidth: str | float | None = arg(None, "host-to-GPU bandwidth per second, e.g. 25GB (pinned)",
@@ -38,9 +41,9 @@ class PlanRequest(MachineRequest):
     """``plan``: one model's load paths for a workload on a machine."""
     model: str | os.PathLike = arg(None, "local Hugging Face model directory or its config.json (with --loop: the "
                                          "actor; a size such as 7B also works there)")
-    batch: int = arg(1, "sequences each rank generates at once", kind="int")
-    prompt_len: int = arg(512, "prompt tokens", kind="int")
-    new_tokens: int = arg(128, "generated tokens", kind="int")
+    batch: int = arg(1, "sequences each rank generates at once", kind="int", high=MAX_BATCH)
+    prompt_len: int = arg(512, "prompt tokens", kind="int", high=MAX_TOKENS)
+    new_tokens: int = arg(128, "generated tokens", kind="int", high=MAX_TOKENS)
     dtype: str | None = arg(None, "weight dtype", kind="dtype", shown="the model's, else bf16")
     config: object = arg(None, "DeepSpeed config whose stage-3 knobs, offload and optimizer apply (a path, a dict or "
                                "a LoadedConfig)", shown="none")
@@ -78,7 +81,7 @@ class JobRequest(MachineRequest):
     prompt_len: int | None = arg(None, "prompt tokens", flag="", shown="the job's, else 512")
     new_tokens: int | None = arg(None, "generated tokens", flag="", shown="the job's, else 128")
     train_batch: int | None = arg(None, "training micro-batch per GPU", kind="int", metavar="N",
-                                  shown="the rollout batch")
+                                  shown="the rollout batch", high=MAX_BATCH)
     dtype: str | None = arg(None, "weight dtype", flag="", shown="the job's, else the actor's, else bf16")
     engine: str | None = arg(None, "how the actor generates now", flag="--rollout",
                              choices=("generate", "gather-once", "hybrid-engine", "vllm"),

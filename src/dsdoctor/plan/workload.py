@@ -5,10 +5,7 @@ from dataclasses import asdict, dataclass
 
 from dsdoctor.dtypes import DTYPE_BYTES, normalize_dtype
 from dsdoctor.errors import InputError
-
-# far beyond any real run; past them the arithmetic describes nothing
-MAX_BATCH = 1 << 20
-MAX_TOKENS = 1 << 24
+from dsdoctor.units import MAX_BATCH, MAX_TOKENS, number
 
 
 @dataclass(frozen=True)
@@ -33,12 +30,9 @@ class Workload:
 
 def make_workload(batch: int, prompt_len: int, new_tokens: int, dtype: str | None, model_dtype: str | None,
                   max_positions: int | None = None) -> Workload:
-    for name, value, low, high in (("batch", batch, 1, MAX_BATCH), ("prompt length", prompt_len, 1, MAX_TOKENS),
-                                   ("new tokens", new_tokens, 1, MAX_TOKENS)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InputError(f"{name} must be an integer >= {low}, not {value!r}")
-        if value > high:
-            raise InputError(f"{name} is {value}; more than any inference run (limit {high})")
+    batch = number(batch, "batch", low=1, high=MAX_BATCH)
+    prompt_len = number(prompt_len, "prompt length", low=1, high=MAX_TOKENS)
+    new_tokens = number(new_tokens, "new tokens", low=1, high=MAX_TOKENS)
     name = dtype or model_dtype or "bf16"
     norm = normalize_dtype(name)
     if norm is None:
