@@ -21,6 +21,7 @@ from dsdoctor.plan import recommend as rec
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
 from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.inventory_cache import exact_inventory_cached
 from dsdoctor.plan.loading import find_checkpoint, transformers_loading
 from dsdoctor.plan.memory import PathMemory, allocated
 from dsdoctor.plan.paths import (
@@ -49,8 +50,6 @@ def load_inventory(spec, counts: str = "auto"):
     inv = None
     if counts in ("auto", "meta"):
         try:
-            from dsdoctor.plan.inventory_cache import exact_inventory_cached
-
             inv = exact_inventory_cached(spec.raw, min(int(spec.max_position_embeddings or 4096), 131072))
         except ImportError:
             inv = None
