@@ -64,6 +64,7 @@ COMPARE_JOB = Kind("compare job file", 256 * MiB, "utf-8")
 COMPARE_RECORD = Kind("compare record", 256 * MiB, "utf-8")
 NCCL_RESULT = Kind("NCCL measurement", 1 * MiB, "utf-8")
 PACKAGE_DATA = Kind("dsdoctor data file", 16 * MiB, "utf-8")
+INVENTORY_CACHE = Kind("cached parameter inventory", 64 * MiB, "utf-8", 8, 4_000_000)  # a 70B: ~60 KiB
 PROC = Kind("/proc file", 64 * MiB, None)  # kernel files: size 0 in stat, read to their end
 
 INPUTS = {name: kind for name, kind in globals().items() if isinstance(kind, Kind)}
@@ -91,7 +92,7 @@ OUTPUTS = (
     OutputKind("shared report file", False, "a file the folder's marker lists as dsdoctor's, unchanged since",
                True, 0o666, "multi-node trace DIR/report.*, timeline*; trace --report-only"),
     OutputKind("cache file", False, "always replaced (dsdoctor's own cache), never through a link", True, 0o666,
-               "the machine profile cache"),
+               "the machine profile cache, plan's parameter inventory cache"),
     OutputKind("scratch folder", False, "never replaces: a new private folder, removed at the end", False,
                0o700, "trace/ab/compare without --out, calibrate's workers, ab's verdict"),
     OutputKind("probe file", False, "never replaces: a new private file, removed at the end", False, 0o600,

@@ -9,6 +9,8 @@ both builders import them and neither imports the other.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -108,3 +110,75 @@ def apply_to_spec(spec, inv: Inventory):
     spec.active_params = inv.active_params
     spec.moe = inv.moe
     return spec
+
+
+# ---- an inventory as plain JSON values, and back from an untrusted copy (plan's cache file) -----------------------
+KINDS = ("embedding", "linear", "lm_head", "norm", "other")
+_BIG = 1 << 50  # elements of one tensor or one dimension; a model holds at most 10**14 parameters (spec.MAX_PARAMS)
+
+
+def inventory_to_dict(inv: Inventory) -> dict:
+    """``inv`` as JSON values (``numel`` and ``layer`` follow from the shape and the name)."""
+    return {"params": [[p.name, p.module, list(p.shape), p.kind, p.expert] for p in inv.params],
+            "tied": [list(t) for t in inv.tied], "supports_logits_to_keep": inv.supports_logits_to_keep,
+            "counted_by": inv.counted_by, "cache_layout": inv.cache_layout, "window_layout": inv.window_layout,
+            "moe": dataclasses.asdict(inv.moe) if inv.moe is not None else None}
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(what)
+
+
+def _count(v, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= _BIG
+
+
+def _param(item) -> Param:
+    _need(isinstance(item, list) and len(item) == 5, "a parameter is not [name, module, shape, kind, expert]")
+    name, module, shape, kind, expert = item
+    _need(isinstance(name, str) and isinstance(module, str) and len(name) <= 1024 and name.startswith(module),
+          f"parameter name {str(name)[:80]!r}")
+    _need(isinstance(shape, list) and len(shape) <= 8 and all(_count(s) for s in shape) and math.prod(shape) <= _BIG,
+          f"the shape of {name}")
+    _need(kind in KINDS and isinstance(expert, bool), f"the kind of {name}")
+    layer = layer_of(name)
+    _need(layer is None or layer < 1 << 16, f"the layer of {name}")
+    return Param(name, module, math.prod(shape), tuple(shape), kind, layer, expert)
+
+
+def _pairs(value, first, second) -> list | None:
+    """A list of two-value pairs, each value checked by ``first`` and ``second`` (None stays None)."""
+    if value is None:
+        return None
+    _need(isinstance(value, list) and all(isinstance(v, list) and len(v) == 2 for v in value), "a pair list")
+    _need(all(first(a) and second(b) for a, b in value), "a pair's values")
+    return [tuple(v) for v in value]
+
+
+def _moe(d) -> MoeLayout | None:
+    if d is None:
+        return None
+    _need(isinstance(d, dict) and sorted(d) == sorted(f.name for f in dataclasses.fields(MoeLayout)),
+          "the MoE layout's fields")
+    sizes = ("num_experts", "top_k", "expert_intermediate", "shared_experts", "shared_intermediate")
+    _need(all(_count(d[k]) for k in sizes), "the MoE layout's sizes")
+    _need(isinstance(d["moe_layers"], list) and all(_count(i) and i < 1 << 16 for i in d["moe_layers"]), "MoE layers")
+    _need(isinstance(d["fused"], bool) and isinstance(d["block_class"], str), "the MoE block")
+    _need(d["num_experts"] >= 1 and d["top_k"] >= 1, "the experts")
+    return MoeLayout(**dict(d, moe_layers=tuple(d["moe_layers"])))
+
+
+def inventory_from_dict(d) -> Inventory:
+    """The inverse of ``inventory_to_dict`` for an untrusted copy: ValueError on any value out of its type or
+    bounds (a forged cache file must not reach plan)."""
+    _need(isinstance(d, dict) and isinstance(d.get("params"), list), "no parameter list")
+    params = [_param(item) for item in d["params"]]
+    _need(sum(p.numel for p in params) <= 10**14, "more than 10**14 parameters")
+    tied = _pairs(d.get("tied"), lambda v: isinstance(v, str), lambda v: isinstance(v, str))
+    _need(tied is not None and isinstance(d.get("supports_logits_to_keep"), bool), "tied weights")
+    _need(d.get("counted_by") in ("meta", "formula", "formula-approx"), "counted_by")
+    cache = _pairs(d.get("cache_layout"), _count, lambda v: v is None or _count(v, 1))
+    window = _pairs(d.get("window_layout"), _count, lambda v: v is None or _count(v, 1))
+    return Inventory(params, tied, d["supports_logits_to_keep"], d["counted_by"], cache, window,
+                     _moe(d.get("moe")))

@@ -7,9 +7,7 @@ replay, ``reserved.py``), loading (``loading.py``) and speed (``speed.py``) -> a
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import os
 
 from dsdoctor.gpus import gpu_facts
@@ -24,6 +22,7 @@ from dsdoctor.plan.band import load_bands
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
 from dsdoctor.plan.hardware import make_hardware
+from dsdoctor.plan.inventory_cache import exact_inventory_cached
 from dsdoctor.plan.loading import find_checkpoint, transformers_loading
 from dsdoctor.plan.memory import PathMemory, allocated
 from dsdoctor.plan.paths import (
@@ -43,23 +42,17 @@ from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for
 from dsdoctor.plan.workload import make_workload
 
-_EXACT_CACHE: dict[str, object] = {}  # config.json text -> inventory: building on the meta device takes seconds
-
 
 def load_inventory(spec, counts: str = "auto"):
-    """Exact counts from the meta-device model when transformers can build it, else the formula."""
+    """Exact counts from the meta-device model when transformers can build it (kept per config:
+    ``inventory_cache.py``), else the formula."""
     if counts not in ("auto", "meta", "formula"):
         raise ValueError(counts)
     inv = None
     if counts in ("auto", "meta"):
         try:
-            from dsdoctor.model.exact import exact_inventory
-
-            positions = min(int(spec.max_position_embeddings or 4096), 131072)
-            key = json.dumps(spec.raw, sort_keys=True)
-            if key not in _EXACT_CACHE:
-                _EXACT_CACHE[key] = exact_inventory(spec.raw, probe_positions=positions, path=spec.path)
-            inv = copy.deepcopy(_EXACT_CACHE[key])
+            inv = exact_inventory_cached(spec.raw, min(int(spec.max_position_embeddings or 4096), 131072),
+                                         path=spec.path)
         except ImportError:
             inv = None
         if inv is None and counts == "meta":

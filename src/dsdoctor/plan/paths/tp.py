@@ -128,4 +128,8 @@ class TpGroups(Tp):
         return replay(tp_layout(self.tp), ctx, wl, mem)
 
     def memory(self, ctx, wl, ratio=None):
-        return super().memory(ctx, wl)  # replayed at every probe (see the class)
+        """Replayed at every probe (see the class), save a probe whose allocated peak alone does not fit: the
+        replay only adds to it (reserved >= allocated), so the probe fails either way."""
+        mem = self.allocated(ctx, wl)
+        over = ratio is not None and mem.gpu_peak_bytes + mem.gpu_outside_allocator_bytes > ctx.hw.gpu_memory
+        return mem.with_reserved(mem.gpu_peak_bytes if over else self.reserved(ctx, wl, mem))
