@@ -15,6 +15,7 @@ IMPLAUSIBLE_ABS = 1e4
 # 16-bit floats: (sign-free bits of +inf, numpy's dtype); |x| orders as these bits do, NaN and Inf above
 _HALF = {"bfloat16": (0x7F80, None), "float16": (0x7C00, "<f2")}
 _WIDE = {"float32": "<f4", "float64": "<f8"}
+_SLICE = 1 << 22
 
 
 def names(items: list[str], limit: int = 5) -> str:
@@ -35,8 +36,8 @@ def scan(buf, dtype: str) -> float | None:
         return max(-lo, hi) if math.isfinite(lo) and math.isfinite(hi) else math.inf
     if dtype not in _HALF:
         return None
-    bits = np.frombuffer(buf, "<u2")
-    top = int(np.bitwise_and(bits, 0x7FFF).max()) if bits.size else 0
+    bits = np.frombuffer(buf, "<u2")  # the masked copy a bounded slice at a time
+    top = max((int(np.bitwise_and(bits[i:i + _SLICE], 0x7FFF).max()) for i in range(0, bits.size, _SLICE)), default=0)
     inf, np_dtype = _HALF[dtype]
     if top >= inf:
         return math.inf

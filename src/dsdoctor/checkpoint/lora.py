@@ -59,8 +59,7 @@ class AdapterConfig:
     target_modules: list | str | None = None
     exclude_modules: list | str | None = None
     modules_to_save: list = field(default_factory=list)
-    layers_to_transform: list | None = None
-    layers_pattern: list = field(default_factory=list)
+    some_layers: bool = False  # layers_to_transform: only some layers of those named are wrapped
 
     def _pattern(self, table: dict, module: str):
         """PEFT's get_pattern_key: the first key that matches the end of the module name (``(.*\\.)?(key)$``)."""
@@ -80,12 +79,7 @@ class AdapterConfig:
             return None
         if not _matches(self.target_modules, module):
             return False
-        if isinstance(self.target_modules, str) or self.layers_to_transform is None:
-            return True
-        found = [re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", module) for p in self.layers_pattern] or \
-            [re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module)]
-        index = next((int(m["idx"]) for m in found if m), None)
-        return index in self.layers_to_transform
+        return None if self.some_layers and not isinstance(self.target_modules, str) else True
 
     def rank(self, module: str) -> int:
         key = self._pattern(self.rank_pattern, module)
@@ -222,7 +216,8 @@ def _patterns(cfg: dict, key: str, path) -> dict:
     if not isinstance(table, dict) or len(table) > MAX_PATTERNS or not all(
             isinstance(k, str) and 0 < len(k) <= MAX_PATTERN_CHARS and isinstance(v, (int, float))
             and not isinstance(v, bool) and v > 0 for k, v in table.items()):
-        raise InputError(f"{key} is not a mapping of layer-name patterns to positive numbers", path=path)
+        numbers = " to positive numbers" if key.endswith("_pattern") else ""
+        raise InputError(f"{key} is not a bounded set of layer-name patterns{numbers}", path=path)
     for k in table:
         try:
             re.compile(k)
@@ -252,36 +247,31 @@ def read_config(path: Path) -> AdapterConfig:
     if bias not in ("none", "all", "lora_only"):
         raise InputError(f"bias is {printable(repr(bias))[:40]}, not none, all or lora_only", path=path)
     base = cfg.get("base_model_name_or_path")
-    layers = cfg.get("layers_to_transform")
-    layers = [layers] if isinstance(layers, int) else layers
-    if layers is not None and not (isinstance(layers, list) and all(isinstance(i, int) for i in layers)):
-        raise InputError("layers_to_transform is not a layer index or a list of them", path=path)
     return AdapterConfig(path=path, r=r, alpha=_number(cfg, "lora_alpha", path, default=8), bias=bias,
                          rank_pattern=_patterns(cfg, "rank_pattern", path),
                          alpha_pattern=_patterns(cfg, "alpha_pattern", path),
                          base=base if isinstance(base, str) else None, **flags,
-                         target_modules=_names_or_regex(cfg, "target_modules", path),
-                         exclude_modules=_names_or_regex(cfg, "exclude_modules", path),
-                         modules_to_save=_names_or_regex(cfg, "modules_to_save", path, regex=False) or [],
-                         layers_to_transform=layers or None,
-                         layers_pattern=_names_or_regex(cfg, "layers_pattern", path, regex=False) or [])
+                         target_modules=_names(cfg, "target_modules", path), some_layers=bool(
+                             cfg.get("layers_to_transform") not in (None, [])),
+                         exclude_modules=_names(cfg, "exclude_modules", path),
+                         modules_to_save=_names(cfg, "modules_to_save", path, one_regex=False) or [])
 
 
-def _names_or_regex(cfg: dict, key: str, path, regex: bool = True):
-    """A list of layer names (a str where ``regex``: one pattern), bounded; None when absent."""
+def _names(cfg: dict, key: str, path, one_regex: bool = True):
+    """Layer names (a list), or one pattern (a string, where ``one_regex``), bounded and compiled; None: absent."""
     value = cfg.get(key)
-    value = [value] if isinstance(value, str) and not regex else value
-    items = [value] if isinstance(value, str) else value
-    if value is None:
+    names = [value] if isinstance(value, str) and one_regex else value
+    if names is None:
         return None
-    if not isinstance(items, list) or len(items) > MAX_PATTERNS or not all(
-            isinstance(k, str) and 0 < len(k) <= MAX_PATTERN_CHARS for k in items):
-        raise InputError(f"{key} is not a list of layer names{' or one pattern' if regex else ''}", path=path)
-    for k in items:
-        try:
-            re.compile(k)
-        except re.error:
-            raise InputError(f"{key}: {printable(k)[:80]} is not a valid pattern", path=path) from None
+    if not isinstance(names, list) or not all(isinstance(n, str) and len(n) <= 16 * MAX_PATTERN_CHARS for n in names):
+        raise InputError(f"{key} is not a list of layer names{' or one pattern' if one_regex else ''}", path=path)
+    if isinstance(value, list):
+        _patterns({key: dict.fromkeys(names, 1)}, key, path)  # bounded, each a pattern that compiles
+        return value
+    try:  # one pattern, which may be longer than a name
+        re.compile(value)
+    except re.error:
+        raise InputError(f"{key}: {printable(value)[:80]} is not a valid pattern", path=path) from None
     return value
 
 

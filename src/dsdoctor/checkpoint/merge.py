@@ -348,7 +348,7 @@ def _lora_outputs(plan, layout, model, merge_lora: bool, adapter_config):
                key.endswith(".weight")}
     problems = lora.contradictions(cfg, layers, weights)
     if problems:  # PEFT would load another model than the one trained; verify rejects it too
-        found = Finding("DSD423", {"config": printable(cfg_path), "details": "; ".join(problems)})
+        found = Finding("DSD423", {"config": lora.CONFIG_NAME, "details": "; ".join(problems)})
         raise InputError(f"{found.code}: {found.message('en')}", path=cfg_path, hint=f"dsdoctor explain {found.code}")
     info = {"adapter": adapter.name, "layers": len(adapter.modules), "config": str(cfg_path), "r": cfg.r,
             "alpha": cfg.alpha, "rslora": cfg.use_rslora, "dora": cfg.use_dora}

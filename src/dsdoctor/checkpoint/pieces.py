@@ -85,10 +85,13 @@ def recorded_shapes(sd: dict, path) -> dict[str, tuple]:
     """Every tensor's shape as a model-states file records it, apart from how a plan rebuilds it: the buffers and
     16-bit parameters of its module state dict (tied aliases and ZeRO-3's empty stand-ins left out), then
     frozen_param_shapes and param_shapes."""
-    shared, buffers = sd.get("shared_params") or {}, set(sd.get("buffer_names") or [])
-    out = {n: tuple(r.shape) for n, r in (sd.get("module") or {}).items()
+    def table(key) -> dict:
+        return sd.get(key) if isinstance(sd.get(key), dict) else {}
+
+    shared, buffers = table("shared_params"), set(sd.get("buffer_names") or [])
+    out = {n: tuple(r.shape) for n, r in table("module").items()
            if isinstance(r, TensorRef) and (r.numel or n in buffers) and n not in shared}
-    for group in [sd.get("frozen_param_shapes") or {}, *(sd.get("param_shapes") or [])]:
+    for group in [table("frozen_param_shapes"), *(sd.get("param_shapes") or [])]:
         out.update({n: shape_of(s, path) for n, s in group.items()})
     return out
 

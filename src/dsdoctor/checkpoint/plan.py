@@ -75,14 +75,13 @@ def check_world_size(states: States) -> int:
 
 def plan_checkpoint(layout: Layout) -> MergePlan:
     """The plan of any layout: a universal folder, several tensor-parallel ranks, or one ZeRO checkpoint."""
-    if layout.universal:
-        from dsdoctor.checkpoint.universal import plan_universal
-
-        return plan_universal(layout)
     from dsdoctor.checkpoint import tp
+    from dsdoctor.checkpoint.universal import plan_universal
 
-    per_mp = [read_states(sub) for sub in layout.mp_layouts or [layout]]
+    per_mp = [] if layout.universal else [read_states(sub) for sub in layout.mp_layouts or [layout]]
     try:
+        if layout.universal:
+            return plan_universal(layout)
         check_tp_ranks(layout, per_mp[0].model[0], layout.model_files[0])
         if layout.mp_layouts:
             return tp.plan_tp(per_mp, build_plan)
