@@ -49,3 +49,23 @@ def test_names_and_shapes_say_missing_extra_empty_and_other_shapes():
     assert codes["DSD401"]["names"] == "d" and codes["DSD402"]["names"] == "x"
     assert codes["DSD404"]["names"] == "b" and codes["DSD403"]["details"] == "c [4] != [5]"
     assert names_and_shapes({"a": (2, 3)}, {"a": (2, 3)}, "out") == []
+
+
+def test_the_scan_in_the_crc_pass_sees_every_value_of_any_length():
+    """merge scans values in the CRC-32's own pass (in parts on threads, each MiB after its CRC): every element is
+    seen whatever the length, and the CRC stays zlib's."""
+    import zlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from dsdoctor.checkpoint.writer import crc32
+
+    with ThreadPoolExecutor(3) as pool:
+        for n in (1, 2_097_153, 3_000_001):  # odd element counts: parts must not cut an element
+            t = torch.rand(n, generator=torch.Generator().manual_seed(n))
+            t[n - 1] = -7.5e4  # the last element holds the largest magnitude
+            values = Values()
+            raw = tensor_bytes(t)
+            assert crc32(memoryview(raw), 0, pool, values.look("w", "float32")) == zlib.crc32(raw)
+            assert values.peak == {"w": 7.5e4}

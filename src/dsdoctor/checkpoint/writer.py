@@ -150,6 +150,7 @@ def crc32(data, value: int = 0, pool=None, look=None) -> int:
     if pool is None or n < CRC_PARTS * CRC_PART_MIN:
         return _crc_look(data, look, value)
     size = -(-n // CRC_PARTS)
+    size += -size % 8  # whole elements of any dtype in each part, for look
     parts = [data[i:i + size] for i in range(0, n, size)]
     futures = [pool.submit(_crc_look, part, look) for part in parts[1:]]
     value = _crc_look(parts[0], look, value)
