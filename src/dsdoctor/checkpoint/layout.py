@@ -149,15 +149,14 @@ def _mp_ranks(groups: list[dict], tag_dir: Path) -> list[int]:
 
 
 def check_tp_ranks(layout: Layout, sd: dict, path: Path) -> None:
-    """As many tensor-parallel ranks' files as the model-states file ``path`` records (``mp_world_size``): the
-    last rank's files gone would otherwise merge as a smaller model."""
+    """At least as many tensor-parallel ranks' files as the model-states file ``path`` records
+    (``mp_world_size``): the last rank's files gone would otherwise merge as a smaller model."""
     want, have = sd.get("mp_world_size"), layout.tp_size
-    if not isinstance(want, int) or isinstance(want, bool) or not 1 <= want <= 1_000_000 or want == have:
+    if not isinstance(want, int) or isinstance(want, bool) or not have < want <= 1_000_000:
         return
     gone = [f"mp_rank_{m:02d}" for m in range(have, min(want, have + 4))] + (["..."] if want > have + 4 else [])
-    problem = f"missing the files of tensor-parallel rank(s) {', '.join(gone)}" if want > have else \
-        f"the files of {have} tensor-parallel ranks"
-    raise InputError(f"{problem} (found {', '.join(f'mp_rank_{m:02d}' for m in range(min(have, 4)))}"
+    raise InputError(f"missing the files of tensor-parallel rank(s) {', '.join(gone)} "
+                     f"(found {', '.join(f'mp_rank_{m:02d}' for m in range(min(have, 4)))}"
                      f"{', ...' if have > 4 else ''}; {path.name} records mp_world_size {want})", path=layout.tag_dir,
                      hint="a rank failed to save, or the files were copied incompletely")
 
