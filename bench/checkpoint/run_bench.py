@@ -121,7 +121,20 @@ def compare_outputs(a: Path, b: Path) -> dict:
             "only_zero_to_fp32": sorted(set(ib) - set(ia)), "different": different}
 
 
-def main():
+def _versions(runs: list[dict], tools: dict) -> dict:
+    """Every dsdoctor version in the rounds: its durable time over zero_to_fp32's in the same round."""
+    z2f = {r["round"]: r["durable_s"] for r in runs if r["tool"] == "zero_to_fp32"}
+    out = {}
+    for name in tools:
+        if name.startswith("dsdoctor merge"):
+            mine = sorted((r["round"], r["durable_s"]) for r in runs if r["tool"] == name)
+            ratios = [d / z2f[i] for i, d in mine]
+            out[name] = {"durable_s": [d for _, d in mine], "ratio_per_round": ratios,
+                         "ratio_median": statistics.median(ratios)}
+    return out
+
+
+def _args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", default="/tmp/dsdoctor-bench/ckpt")
     ap.add_argument("--work", default=None, help="where outputs go (default: next to the checkpoint)")
@@ -131,7 +144,15 @@ def main():
                                      "as 'dsdoctor merge (before)', and the summary gives after/before per round")
     ap.add_argument("--no-zero-to-fp32", action="store_true", help="leave DeepSpeed's tool out (with --before: "
                                                                    "compare the two dsdoctor versions only)")
-    args = ap.parse_args()
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=SRC",
+                    help="another dsdoctor version (a src/ folder) in the interleaved rounds as 'dsdoctor merge (NAME)'; "
+                         "the summary gives each version's time over zero_to_fp32's per round (repeatable)")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the --dtype bf16 run")
+    return ap.parse_args()
+
+
+def main():
+    args = _args()
     ckpt = Path(args.ckpt)
     work = Path(args.work or ckpt.parent)
     tag_dir = ckpt / (ckpt / "latest").read_text().strip()
@@ -159,6 +180,12 @@ def main():
         tools["dsdoctor merge (before)"] = (env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(before_out), "--quiet",
                                                       "--model", str(ckpt / "model")], before_out)
         envs["dsdoctor merge (before)"] = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve()))
+        envs["dsdoctor merge"] = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    for spec in args.also:
+        name, src = spec.split("=", 1)
+        tools[f"dsdoctor merge ({name})"] = (env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(work / f"out-{name}"),
+                                                      "--quiet", "--model", str(ckpt / "model")], work / f"out-{name}")
+        envs[f"dsdoctor merge ({name})"] = dict(os.environ, PYTHONPATH=str(Path(src).resolve()))
         envs["dsdoctor merge"] = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     if args.no_zero_to_fp32:
         del tools["zero_to_fp32"]
@@ -193,10 +220,11 @@ def main():
             print(json.dumps(summary), flush=True)
             return
     same = compare_outputs(ours_out, ref_out)
-    bf16 = run_tool("dsdoctor merge --dtype bf16", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(bf16_out),
-                                                             "--quiet", "--dtype", "bf16"], bf16_out)
-    runs.append(dict(bf16, round=0))
-    for out in (ours_out, ref_out, bf16_out):
+    if not args.no_bf16:
+        bf16 = run_tool("dsdoctor merge --dtype bf16", env_py + ["-m", "dsdoctor", "merge", str(ckpt), str(bf16_out),
+                                                                 "--quiet", "--dtype", "bf16"], bf16_out)
+        runs.append(dict(bf16, round=0))
+    for out in (ours_out, ref_out, bf16_out, *(out for _, out in tools.values())):
         shutil.rmtree(out, ignore_errors=True)
     for row in runs:
         # read + write at the separately measured sequential bandwidths, one after the other
@@ -222,6 +250,8 @@ def main():
         "dsdoctor_fraction_of_cp_speed_median": med("dsdoctor merge", "fraction_of_cp_speed"),
         "identical_tensors": not same["different"] and not same["only_zero_to_fp32"] and same["common"] > 0,
     }
+    summary["versions"] = _versions(runs, tools)
+    summary["load_average_during"] = [r["load_average_before"][0] for r in runs]
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "mem_total_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")},

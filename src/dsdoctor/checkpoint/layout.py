@@ -152,6 +152,19 @@ def _mp_ranks(groups: list[dict], tag_dir: Path) -> list[int]:
     return mps
 
 
+def check_tp_ranks(layout: Layout, sd: dict, path: Path) -> None:
+    """At least as many tensor-parallel ranks' files as the model-states file ``path`` records
+    (``mp_world_size``): the last rank's files gone would otherwise merge as a smaller model."""
+    want, have = sd.get("mp_world_size"), layout.tp_size
+    if not isinstance(want, int) or isinstance(want, bool) or not have < want <= 1_000_000:
+        return
+    gone = [f"mp_rank_{m:02d}" for m in range(have, min(want, have + 4))] + (["..."] if want > have + 4 else [])
+    raise InputError(f"missing the files of tensor-parallel rank(s) {', '.join(gone)} "
+                     f"(found {', '.join(f'mp_rank_{m:02d}' for m in range(min(have, 4)))}"
+                     f"{', ...' if have > 4 else ''}; {path.name} records mp_world_size {want})", path=layout.tag_dir,
+                     hint="a rank failed to save, or the files were copied incompletely")
+
+
 def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR0912 (one branch per layout kind)
     root, tag, tag_dir = find_tag_dir(ckpt_dir, tag)
     optim, model3, model12 = {}, {}, {}
@@ -211,11 +224,11 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR09
 def _universal_layout(root: Path, tag: str, tag_dir: Path, models: dict) -> Layout:
     """ds_to_universal's output: the model-states files it copied (the tensor-parallel rank 0's, data-parallel
     ranks in order) and zero/<param>/fp32.pt."""
-    _mp_ranks([models], tag_dir)
-    first = _by_rank({k: v for k, v in models.items() if k[1] == 0}, "model-states", tag_dir)
-    tp = len({mp for _, mp in models})
-    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=[], model_files=first, universal=True,
-                  mp_layouts=[Layout(root, tag, tag_dir, [], []) for _ in range(tp)] if tp > 1 else [])
+    mps = _mp_ranks([models], tag_dir)
+    per_mp = [_by_rank({k: v for k, v in models.items() if k[1] == mp}, "model-states", tag_dir) for mp in mps]
+    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=[], model_files=per_mp[0], universal=True,
+                  mp_layouts=[Layout(root, tag, tag_dir, [], files, mp) for mp, files in enumerate(per_mp)]
+                  if len(mps) > 1 else [])
 
 
 def checkpoint_near(path) -> Path | None:

@@ -55,6 +55,11 @@ class AdapterConfig:
     bias: str = "none"
     lora_bias: bool = False
     base: str | None = None  # base_model_name_or_path, as recorded (never followed: see merge.py)
+    # which layers PEFT wraps (tuners_utils.check_target_module_exists): names, or one regex; None: unknown
+    target_modules: list | str | None = None
+    exclude_modules: list | str | None = None
+    modules_to_save: list = field(default_factory=list)
+    some_layers: bool = False  # layers_to_transform: only some layers of those named are wrapped
 
     def _pattern(self, table: dict, module: str):
         """PEFT's get_pattern_key: the first key that matches the end of the module name (``(.*\\.)?(key)$``)."""
@@ -65,6 +70,17 @@ class AdapterConfig:
                 return key
         return None
 
+    def targets(self, module: str) -> bool | None:
+        """Whether PEFT wraps base-model layer ``module`` with this config (None: the config does not say)."""
+        if _matches(self.exclude_modules, module) or any(re.match(rf"(^|.*\.){m}($|\..*)", module)
+                                                          for m in self.modules_to_save):
+            return False
+        if self.target_modules is None or self.target_modules == "all-linear":
+            return None
+        if not _matches(self.target_modules, module):
+            return False
+        return None if self.some_layers and not isinstance(self.target_modules, str) else True
+
     def rank(self, module: str) -> int:
         key = self._pattern(self.rank_pattern, module)
         return self.rank_pattern[key] if key is not None else self.r
@@ -73,6 +89,36 @@ class AdapterConfig:
         key = self._pattern(self.alpha_pattern, module)
         alpha = self.alpha_pattern[key] if key is not None else self.alpha
         return alpha / math.sqrt(r) if self.use_rslora else alpha / r
+
+
+def _matches(targets, module: str) -> bool:
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(module == t or module.endswith("." + t) for t in targets or ())
+
+
+def contradictions(cfg: AdapterConfig, layers: dict[str, set], modules: set[str] | None) -> list[str]:
+    """What adapter_config.json says that the adapter's tensors contradict, PEFT then loading another model than
+    the one trained: a LoRA layer target_modules leaves out (its tensors dropped), a layer it targets that has no
+    LoRA tensors (an untrained one added), use_dora or lora_bias against the tensors. ``layers``: each LoRA
+    layer's name in the base model -> its parts; ``modules``: the base model's layers that hold a weight."""
+    out, shown = [], printable(repr(cfg.target_modules))[:80]
+    left_out = sorted(m for m in layers if cfg.targets(m) is False)
+    if left_out:
+        out.append(f"target_modules {shown} leaves out LoRA layer(s) {_few(left_out)}")
+    extra = sorted(m for m in (modules or set()) - set(layers) if cfg.targets(m))
+    if extra:
+        out.append(f"target_modules {shown} targets {_few(extra)}, which hold(s) no LoRA tensors")
+    for flag, part in (("use_dora", "lora_magnitude_vector"), ("lora_bias", "lora_B.bias")):
+        odd = sorted(m for m, parts in layers.items() if (part in parts) != getattr(cfg, flag))
+        if odd:
+            out.append(f"{flag} is {str(getattr(cfg, flag)).lower()} but LoRA layer(s) {_few(odd)} "
+                       f"{'lack' if getattr(cfg, flag) else 'have'} {part}")
+    return out
+
+
+def _few(items: list[str]) -> str:
+    return ", ".join(items[:3]) + (f", ... ({len(items) - 3} more)" if len(items) > 3 else "")
 
 
 @dataclass
@@ -170,7 +216,8 @@ def _patterns(cfg: dict, key: str, path) -> dict:
     if not isinstance(table, dict) or len(table) > MAX_PATTERNS or not all(
             isinstance(k, str) and 0 < len(k) <= MAX_PATTERN_CHARS and isinstance(v, (int, float))
             and not isinstance(v, bool) and v > 0 for k, v in table.items()):
-        raise InputError(f"{key} is not a mapping of layer-name patterns to positive numbers", path=path)
+        numbers = " to positive numbers" if key.endswith("_pattern") else ""
+        raise InputError(f"{key} is not a bounded set of layer-name patterns{numbers}", path=path)
     for k in table:
         try:
             re.compile(k)
@@ -203,7 +250,29 @@ def read_config(path: Path) -> AdapterConfig:
     return AdapterConfig(path=path, r=r, alpha=_number(cfg, "lora_alpha", path, default=8), bias=bias,
                          rank_pattern=_patterns(cfg, "rank_pattern", path),
                          alpha_pattern=_patterns(cfg, "alpha_pattern", path),
-                         base=base if isinstance(base, str) else None, **flags)
+                         base=base if isinstance(base, str) else None, **flags,
+                         target_modules=_names(cfg, "target_modules", path), some_layers=bool(
+                             cfg.get("layers_to_transform") not in (None, [])),
+                         exclude_modules=_names(cfg, "exclude_modules", path),
+                         modules_to_save=_names(cfg, "modules_to_save", path, one_regex=False) or [])
+
+
+def _names(cfg: dict, key: str, path, one_regex: bool = True):
+    """Layer names (a list), or one pattern (a string, where ``one_regex``), bounded and compiled; None: absent."""
+    value = cfg.get(key)
+    names = [value] if isinstance(value, str) and one_regex else value
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) and len(n) <= 16 * MAX_PATTERN_CHARS for n in names):
+        raise InputError(f"{key} is not a list of layer names{' or one pattern' if one_regex else ''}", path=path)
+    if isinstance(value, list):
+        _patterns({key: dict.fromkeys(names, 1)}, key, path)  # bounded, each a pattern that compiles
+        return value
+    try:  # one pattern, which may be longer than a name
+        re.compile(value)
+    except re.error:
+        raise InputError(f"{key}: {printable(value)[:80]} is not a valid pattern", path=path) from None
+    return value
 
 
 def relative(path: str, adapter: Adapter) -> str:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from dsdoctor import door
 from dsdoctor.checkpoint import lora, moe
+from dsdoctor.checkpoint.checks import Values, names_and_shapes
 from dsdoctor.checkpoint.layout import find_layout
 from dsdoctor.checkpoint.plan import plan_checkpoint
+from dsdoctor.checkpoint.weights import index_weights
 from dsdoctor.checkpoint.writer import INDEX_NAME, OutTensor, output_dtype, write_all
 from dsdoctor.dtypes import TORCH_NAMES
 from dsdoctor.errors import InputError, printable
@@ -213,7 +215,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
               *[f for sub in layout.mp_layouts for f in sub.optim_files + sub.model_files]]
     door.check_output_path(out, force, inputs)
     plan = plan_checkpoint(layout)
-    keyed, aliases, lora_info, adapter_file = _lora_outputs(plan, layout, model, merge_lora, adapter_config)
+    keyed, aliases, lora_info, adapter_file, rename = _lora_outputs(plan, layout, model, merge_lora, adapter_config)
     adapter_out = lora_info is not None and lora_info["output"] == "adapter"
     # a config.json that is a link out of its folder is neither read nor copied (DSD415 below says so)
     cfg = {} if cfg_dir is None or model_file_problem(cfg_dir / "config.json", cfg_dir) else _read_config(cfg_dir)
@@ -264,6 +266,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
 
     bar = _progress(total, progress)
     copied: list[str] = []
+    values = Values()
     try:
         with door.atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
             metadata = {"format": "pt", "dsdoctor": {
@@ -273,7 +276,9 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
             }}
             shards, _, written = write_all(tmp, tensors, max_bytes, metadata,
                                            on_bytes=(bar.update if bar is not None else lambda n: None),
-                                           single=lora.ADAPTER_WEIGHTS if adapter_out else None)
+                                           single=lora.ADAPTER_WEIGHTS if adapter_out else None, values=values)
+            check_output(tmp / shards[0] if adapter_out else tmp, tensors, plan.recorded, rename, values, out,
+                         experts)
             for src in to_copy:
                 name = lora.CONFIG_NAME if src == adapter_file else src.name
                 door.copy_file(src, tmp / name, door.ADAPTER_CONFIG if src == adapter_file else door.MODEL_FILE)
@@ -300,15 +305,38 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
     )
 
 
+def check_output(written, tensors: list[OutTensor], recorded: dict, rename, values: Values, out,
+                 experts: dict | None = None) -> None:
+    """merge's own output, before it is renamed into place, with verify's checks: its headers read back against
+    the checkpoint's record of every tensor (``rename``: a recorded name's key in the output, None where the
+    output leaves it out; ``experts``: the expert layout written, moe.plan_layout's), and the values seen while
+    writing (finite; parameters plausible). A contradiction is exit 2 naming it (DSD417); the caller's output
+    folder is then removed."""
+    entries = index_weights(written)
+    expected = {key: tuple(shape) for name, shape in recorded.items() if (key := rename(name)) is not None}
+    if experts is not None:
+        expected = moe.converted_shapes(expected, experts["family"], experts["layout"])
+    expected.update({t.name: expected[key] for t in tensors  # tied weights written twice
+                     if t.name not in expected and (key := rename(t.plan.name)) in expected})
+    found = {n: e.shape for n, e in entries.items()}
+    details = [f"{f.code} {f.message('en')}" for f in (names_and_shapes(found, expected, out) if recorded else [])
+               + values.findings({t.name for t in tensors if t.plan.kind != "buffer"})]
+    details += [f"{t.name} written as {entries[t.name].dtype}, not {t.dtype}" for t in tensors
+                if t.name in entries and entries[t.name].dtype != t.dtype]
+    if details:
+        found = Finding("DSD417", {"details": "; ".join(details)})
+        raise InputError(f"{found.code}: {found.message('en')}", path=out, hint=f"dsdoctor explain {found.code}")
+
+
 def _lora_outputs(plan, layout, model, merge_lora: bool, adapter_config):
-    """(key, tensor) pairs to write, tied aliases, what was done with a LoRA checkpoint (None: not one) and the
-    adapter_config.json to copy beside an adapter."""
+    """(key, tensor) pairs to write, tied aliases, what was done with a LoRA checkpoint (None: not one), the
+    adapter_config.json to copy beside an adapter, and each tensor's key in the output (None: left out)."""
     adapter = lora.detect(plan)
     if adapter is None:
         if merge_lora or adapter_config is not None:
             flag = "--merge-lora" if merge_lora else "--adapter-config"
             raise InputError(f"{flag}: not a LoRA checkpoint (no lora_A / lora_B tensors)", path=layout.tag_dir)
-        return [(t.name, t) for t in plan.tensors], dict(plan.aliases), None, None
+        return [(t.name, t) for t in plan.tensors], dict(plan.aliases), None, None, str
     folders = [layout.tag_dir, layout.root, layout.root.parent] + ([Path(model)] if model else [])
     cfg_path, looked = lora.find_config(adapter_config, folders)
     example = next(iter(adapter.modules))
@@ -321,12 +349,21 @@ def _lora_outputs(plan, layout, model, merge_lora: bool, adapter_config):
         raise InputError("not a regular file inside its folder (a link out of it, or a device); dsdoctor neither "
                          "reads nor copies it", path=cfg_path, hint="copy the real adapter_config.json there")
     cfg = lora.read_config(cfg_path)
+    layers = {lora.relative(m.path, adapter): set(m.parts) for m in adapter.modules.values()}
+    weights = {key.rsplit(".", 1)[0] for t in plan.tensors if (key := lora.base_key(t.name, adapter)) and
+               key.endswith(".weight")}
+    problems = lora.contradictions(cfg, layers, weights)
+    if problems:  # PEFT would load another model than the one trained; verify rejects it too
+        found = Finding("DSD423", {"config": lora.CONFIG_NAME, "details": "; ".join(problems)})
+        raise InputError(f"{found.code}: {found.message('en')}", path=cfg_path, hint=f"dsdoctor explain {found.code}")
     info = {"adapter": adapter.name, "layers": len(adapter.modules), "config": str(cfg_path), "r": cfg.r,
             "alpha": cfg.alpha, "rslora": cfg.use_rslora, "dora": cfg.use_dora}
     if merge_lora:
         keyed, aliases = lora.merged_plan(plan, adapter, cfg)
-        return keyed, aliases, dict(info, output="merged"), None
-    return lora.adapter_plan(plan, adapter, cfg), {}, dict(info, output="adapter"), cfg_path
+        return keyed, aliases, dict(info, output="merged"), None, lambda n: lora.base_key(n, adapter)
+    keyed = lora.adapter_plan(plan, adapter, cfg)
+    kept = {t.name for _, t in keyed}
+    return keyed, {}, dict(info, output="adapter"), cfg_path, lambda n: lora.saved_key(n, adapter) if n in kept else None
 
 
 __all__ = ["merge", "MergeResult", "INDEX_NAME"]

@@ -64,6 +64,12 @@ def conversion(shapes: dict[str, tuple], model_type, want: str) -> dict | None:
     return {name.replace(old[0], old[1]): value for name, value in out.items()}
 
 
+def converted_shapes(shapes: dict[str, tuple], model_type, want: str) -> dict[str, tuple]:
+    """``shapes`` ({name: shape}) as they are in the ``want`` layout: what merge's output must hold."""
+    plan = conversion(shapes, model_type, want)
+    return shapes if plan is None else {name: shape for name, (shape, _) in plan.items()}
+
+
 def _split(out: dict, name: str, shape: tuple, prefix: str, gate_up: bool, names: tuple) -> None:
     if len(shape) != 3 or (gate_up and shape[1] % 2) or shape[0] > MAX_EXPERTS:
         raise InputError(f"expert tensor {name} has shape {list(shape)}, not [experts (at most {MAX_EXPERTS}), rows, "

@@ -45,6 +45,7 @@ class MergePlan:
     ds_version: str | None = None
     tp_size: int = 1  # tensor-parallel (AutoTP) ranks the shards were split over
     source: str = "zero"  # zero | universal (a ds_to_universal folder)
+    recorded: dict[str, tuple] = field(default_factory=dict)  # name -> shape as the input records it (merge checks)
 
 
 @dataclass
@@ -78,6 +79,21 @@ def shape_of(shape, path) -> tuple:
             not all(isinstance(d, int) and 0 <= d < 2**48 for d in shape):
         raise InputError(f"invalid parameter shape {short_repr(shape)}", path=path)
     return tuple(shape)
+
+
+def recorded_shapes(sd: dict, path) -> dict[str, tuple]:
+    """Every tensor's shape as a model-states file records it, apart from how a plan rebuilds it: the buffers and
+    16-bit parameters of its module state dict (tied aliases and ZeRO-3's empty stand-ins left out), then
+    frozen_param_shapes and param_shapes."""
+    def table(key) -> dict:
+        return sd.get(key) if isinstance(sd.get(key), dict) else {}
+
+    shared, buffers = table("shared_params"), set(sd.get("buffer_names") or [])
+    out = {n: tuple(r.shape) for n, r in table("module").items()
+           if isinstance(r, TensorRef) and (r.numel or n in buffers) and n not in shared}
+    for group in [table("frozen_param_shapes"), *(sd.get("param_shapes") or [])]:
+        out.update({n: shape_of(s, path) for n, s in group.items()})
+    return out
 
 
 def flat_groups(states: States, key: str, kind: str) -> list[list[TensorRef]]:

@@ -6,8 +6,8 @@ rebuild rule. Nothing here reads tensor data except buffers and frozen fragments
 from __future__ import annotations
 
 from dsdoctor.checkpoint import unpickle
-from dsdoctor.checkpoint.layout import Layout, missing_names
-from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan
+from dsdoctor.checkpoint.layout import Layout, check_tp_ranks, missing_names
+from dsdoctor.checkpoint.pieces import MergePlan, Piece, States, TensorPlan, recorded_shapes
 from dsdoctor.checkpoint.provenance import check_one_save
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.checkpoint.zero3 import plan_zero3
@@ -80,19 +80,24 @@ def check_world_size(states: States) -> int:
 
 def plan_checkpoint(layout: Layout) -> MergePlan:
     """The plan of any layout: a universal folder, several tensor-parallel ranks, or one ZeRO checkpoint."""
-    if layout.universal:
-        from dsdoctor.checkpoint.universal import plan_universal
+    from dsdoctor.checkpoint import tp
+    from dsdoctor.checkpoint.universal import plan_universal
 
-        return plan_universal(layout)
-    if layout.mp_layouts:
-        from dsdoctor.checkpoint.tp import plan_tp
-
-        try:
-            return plan_tp([read_states(sub) for sub in layout.mp_layouts], build_plan)
-        except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
-            raise InputError(f"malformed checkpoint: {type(exc).__name__}: {printable(exc)[:200]}",
-                             path=layout.tag_dir) from None
-    return build_plan(read_states(layout))
+    per_mp = [] if layout.universal else [read_states(sub) for sub in layout.mp_layouts or [layout]]
+    try:
+        if layout.universal:
+            return plan_universal(layout)
+        check_tp_ranks(layout, per_mp[0].model[0], layout.model_files[0])
+        if layout.mp_layouts:
+            return tp.plan_tp(per_mp, build_plan)
+        plan = build_plan(per_mp[0])
+        info = tp.recorded_info(per_mp[0].model[0])  # an AutoTP save read as one rank: its maps give the full shapes
+        if info:
+            plan.recorded.update(tp.logical_shapes(info, [plan.recorded], layout.model_files[0], maps_only=True))
+        return plan
+    except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
+        raise InputError(f"malformed checkpoint: {type(exc).__name__}: {printable(exc)[:200]}",
+                         path=layout.tag_dir) from None
 
 
 def build_plan(states: States) -> MergePlan:
@@ -107,6 +112,7 @@ def build_plan(states: States) -> MergePlan:
         raise InputError(f"unsupported zero_stage {stage}", path=states.layout.optim_files[0])
     try:
         tensors = buffers(states) + planner(states, world)
+        recorded = recorded_shapes(states.model[0], states.layout.model_files[0])
     except (AttributeError, TypeError, KeyError, ValueError, IndexError) as exc:
         # a crafted or damaged file whose fields have the wrong types (a dict where a list belongs...)
         raise InputError(f"malformed checkpoint: {type(exc).__name__}: {printable(exc)[:200]}",
@@ -125,7 +131,7 @@ def build_plan(states: States) -> MergePlan:
     aliases = {alias: src for alias, src in shared.items()
                if isinstance(alias, str) and isinstance(src, str) and src in have and alias not in have}
     return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases,
-                     ds_version=states.model[0].get("ds_version"))
+                     ds_version=states.model[0].get("ds_version"), recorded=recorded)
 
 
 def buffers(states: States) -> list[TensorPlan]:

@@ -37,10 +37,8 @@ def plan_tp(per_mp: list[States], build_plan) -> MergePlan:
     tp = len(per_mp)
     plans = [build_plan(s) for s in per_mp]
     ranks_txt = f"{tp} model-parallel ranks (mp_rank {', '.join(f'{m:02d}' for m in range(tp))})"
-    info = per_mp[0].model[0].get("universal_checkpoint_info")
-    if isinstance(info, Opaque):
-        info = getattr(info, "state", None)
-    if not isinstance(info, dict) or not info:
+    info = recorded_info(per_mp[0].model[0])
+    if not info:
         raise InputError(
             f"{ranks_txt}: a tensor-parallel + ZeRO checkpoint whose model-states files carry no "
             "universal_checkpoint_info, so it does not record the dimension each parameter was split along nor which "
@@ -70,8 +68,40 @@ def plan_tp(per_mp: list[States], build_plan) -> MergePlan:
             tensors.append(t0)
             continue
         tensors.append(_rebuild(t0.name, [table[t0.name] for table in by_rank], recorded, runs))
+    shards = [{n: s for n, s in p.recorded.items() if by_rank[0].get(n) is None or by_rank[0][n].kind != "buffer"}
+              for p in plans]
+    recorded = {**plans[0].recorded, **logical_shapes(info, shards, layout.model_files[0])}
     return MergePlan(stage=plans[0].stage, world_size=plans[0].world_size, tensors=tensors,
-                     aliases=plans[0].aliases, ds_version=plans[0].ds_version, tp_size=tp)
+                     aliases=plans[0].aliases, ds_version=plans[0].ds_version, tp_size=tp, recorded=recorded)
+
+
+def recorded_info(sd: dict) -> dict | None:
+    """The universal_checkpoint_info a model-states file records (None: none)."""
+    info = sd.get("universal_checkpoint_info")
+    info = getattr(info, "state", None) if isinstance(info, Opaque) else info
+    return info if isinstance(info, dict) and info else None
+
+
+def logical_shapes(info: dict, shard_shapes: list[dict], path, maps_only: bool = False) -> dict[str, tuple]:
+    """Each parameter's full shape as the recorded maps give it from every tensor-parallel rank's shard shapes
+    (the category lists too unless ``maps_only``), vocabulary padding cut as the rebuild cuts it."""
+    rec, out = Recorded(info, path), {}
+    for name in shard_shapes[0]:
+        amap = rec.affine(name)
+        if amap is None and not maps_only:
+            amap = _category_map(name, [list(s.get(name, ())) for s in shard_shapes], rec)
+        if isinstance(amap, dict):
+            shape = _ints(amap.get("logical_shape"), "logical_shape", path)
+            vocab = _vocab(name, shape, rec)
+            out[name] = tuple([vocab] + shape[1:] if vocab else shape)
+    return out
+
+
+def _vocab(name: str, shape: list[int], rec) -> int | None:
+    """The recorded original_vocab_size of a vocabulary parameter padded past it (its rows are cut), else None."""
+    vocab = rec.info.get("original_vocab_size")
+    ok = isinstance(vocab, int) and shape and 0 < vocab < shape[0] and rec.matches("vocabulary_parameter_patterns", name)
+    return vocab if ok else None
 
 
 class Recorded:
@@ -185,10 +215,10 @@ def _sub_param_map(shape, widths, dim) -> dict:
     return {"logical_shape": list(shape), "ranks": ranks}
 
 
-def _category_map(name: str, shards: list[TensorPlan], rec: Recorded) -> dict:
-    """The layout the older category lists describe (ds_to_universal's branches, same order)."""
-    tp = len(shards)
-    shapes = [list(s.shape) for s in shards]
+def _category_map(name: str, shapes: list[list[int]], rec: Recorded) -> dict:
+    """The layout the older category lists describe (ds_to_universal's branches, same order), from the shard
+    shapes of every rank."""
+    tp = len(shapes)
     if rec.matches("tp_replicated_parameter_patterns", name):
         shape = shapes[0]
         piece = {"shape": shape, "source": [0, _row_major(shape)], "dest": [0, _row_major(shape)],
@@ -267,7 +297,7 @@ def _runs(piece: dict, path):
 def _rebuild(name: str, shards: list[TensorPlan], rec: Recorded, runs_seen: list[int]) -> TensorPlan:  # noqa: C901,PLR0912 (each check of a recorded map)
     path = rec.path
     amap = rec.affine(name)
-    amap = amap if amap is not None else _category_map(name, shards, rec)
+    amap = amap if amap is not None else _category_map(name, [list(s.shape) for s in shards], rec)
     if not isinstance(amap, dict) or not isinstance(amap.get("ranks"), dict):
         raise InputError(f"malformed affine map for {name}: {short_repr(amap)}", path=path)
     shape = _ints(amap.get("logical_shape"), "logical_shape", path)
@@ -304,13 +334,12 @@ def _rebuild(name: str, shards: list[TensorPlan], rec: Recorded, runs_seen: list
                 if runs_seen[0] > MAX_RUNS:
                     raise InputError(f"the affine maps describe more than {MAX_RUNS} separate runs of elements",
                                      path=path)
-    if rec.matches("vocabulary_parameter_patterns", name):
-        vocab = rec.info.get("original_vocab_size")
-        if isinstance(vocab, int) and 0 < vocab < shape[0]:  # padding rows cut, as ds_to_universal does
-            limit = vocab * math.prod(shape[1:])
-            runs = [(s, min(n, limit - s), r, d, k) for s, n, r, d, k in runs if s < limit]
-            shape = [vocab] + shape[1:]
-            numel = limit
+    vocab = _vocab(name, shape, rec)
+    if vocab:  # padding rows cut, as ds_to_universal does
+        limit = vocab * math.prod(shape[1:])
+        runs = [(s, min(n, limit - s), r, d, k) for s, n, r, d, k in runs if s < limit]
+        shape = [vocab] + shape[1:]
+        numel = limit
     runs.sort()
     at, pieces = 0, []
     ends = [list(_cumulative(s.pieces)) for s in shards]

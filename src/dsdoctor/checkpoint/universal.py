@@ -14,8 +14,9 @@ import math
 from pathlib import Path
 
 from dsdoctor.checkpoint import unpickle
-from dsdoctor.checkpoint.layout import Layout
-from dsdoctor.checkpoint.pieces import MergePlan, Piece, TensorPlan, shape_of, split_range
+from dsdoctor.checkpoint.layout import Layout, check_tp_ranks
+from dsdoctor.checkpoint.pieces import MergePlan, Piece, TensorPlan, recorded_shapes, shape_of, split_range
+from dsdoctor.checkpoint.tp import logical_shapes, recorded_info
 from dsdoctor.checkpoint.unpickle import TensorRef, short_repr
 from dsdoctor.errors import InputError, printable
 
@@ -32,6 +33,7 @@ def plan_universal(layout: Layout) -> MergePlan:
         if not isinstance(sd, dict) or "buffer_names" not in sd:
             raise InputError("not a DeepSpeed model-states file (no buffer_names)", path=p)
     sd0, path0 = model[0], layout.model_files[0]
+    check_tp_ranks(layout, sd0, path0)
     zero3 = path0.name.startswith("zero_pp_rank_")
     stage = 3 if zero3 else _stage(sd0)
     shapes = {}
@@ -75,8 +77,23 @@ def plan_universal(layout: Layout) -> MergePlan:
     aliases = {a: s for a, s in shared.items()
                if isinstance(a, str) and isinstance(s, str) and s in names and a not in names}
     world = len(layout.model_files) if zero3 else _int(sd0.get("dp_world_size")) or 1
-    return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases,
-                     ds_version=sd0.get("ds_version"), tp_size=layout.tp_size, source="universal")
+    return MergePlan(stage=stage, world_size=world, tensors=tensors, aliases=aliases, ds_version=sd0.get("ds_version"),
+                     tp_size=layout.tp_size, source="universal", recorded=_recorded(layout, sd0, set(shapes) | set(frozen)))
+
+
+def _recorded(layout: Layout, sd0: dict, params: set) -> dict:
+    """The shapes the copied model-states files record; with tensor parallelism, the buffers' and each parameter's
+    full shape from every rank's shard shapes and the recorded maps (nothing known without the maps)."""
+    path0 = layout.model_files[0]
+    recorded = recorded_shapes(sd0, path0)
+    if layout.tp_size > 1:
+        info = recorded_info(sd0)
+        per = [recorded_shapes(unpickle.load(sub.model_files[0]), sub.model_files[0]) for sub in layout.mp_layouts]
+        buffers = set(sd0.get("buffer_names") or [])
+        recorded = {n: s for n, s in recorded.items() if n in buffers}
+        shards = [{n: s for n, s in r.items() if n in params} for r in per]
+        return {**recorded, **logical_shapes(info, shards, path0)} if info else {}  # {}: nothing to check against
+    return recorded
 
 
 def _int(value) -> int | None:

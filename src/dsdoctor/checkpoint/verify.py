@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dsdoctor import door
 from dsdoctor.checkpoint import lora, moe
+from dsdoctor.checkpoint.checks import Values, names, names_and_shapes, tensor_bytes
 from dsdoctor.checkpoint.layout import checkpoint_near
 from dsdoctor.checkpoint.merge import kv_lines
 from dsdoctor.checkpoint.weights import Entry, index_weights, load_tensor
@@ -28,19 +29,10 @@ from dsdoctor.report.render import (
 from dsdoctor.units import human_count
 
 LOGITS_MAX_PARAMS = 3_000_000_000  # above this the CPU forward pass is skipped (noted in the result)
-# |x| above which a trained parameter is taken as damaged bytes, not a weight (DSD413 explains the choice);
-# only parameters are checked, buffers may hold mask constants (-1e4, the dtype's minimum)
-IMPLAUSIBLE_ABS = 1e4
-SCAN_CHUNK = 1 << 24
 EPS = {"float32": 2.0**-23, "float64": 2.0**-52, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 # (stored mantissa bits, smallest normal exponent) of each float format: the spacing of representable values
 # (one unit in the last place, ULP) at |x| is 2**(max(floor(log2 |x|), emin) - bits), subnormals included
 FORMATS = {"float16": (10, -14), "bfloat16": (7, -126), "float32": (23, -126), "float64": (52, -1022)}
-
-
-def _names(names: list[str], limit: int = 5) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
 # the words of the rendered verify, per language
@@ -174,19 +166,6 @@ def _config_dtype(config) -> str | None:
     return str(dt).removeprefix("torch.") if dt is not None else None
 
 
-def _scan_values(t) -> tuple[bool, float]:
-    """(all finite, largest |x|) of a tensor, a bounded chunk at a time (no full-size temporaries)."""
-    import torch
-
-    flat = t.reshape(-1)
-    peak = 0.0
-    for chunk in flat.split(SCAN_CHUNK):
-        if not bool(torch.isfinite(chunk).all()):
-            return False, float("inf")
-        peak = max(peak, chunk.abs().max().item())
-    return True, peak
-
-
 def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
     """state dict name -> shape, and groups of names that are one tensor (ties), from a meta model."""
     sd = model.state_dict(keep_vars=True)
@@ -220,33 +199,12 @@ def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
                           expected=len(expected), tied_groups=tied)
     tied_of = {n: g for g in tied for n in g}
     peft = [n for n in lora.peft_keys(weights) if n not in expected]
-    as_base = {_base_name(n) for n in peft}
-    missing = [n for n in expected if n not in weights and not any(m in weights for m in tied_of.get(n, []))
-               and n not in as_base]
-    unexpected = sorted(n for n in weights if n not in expected and n not in peft)
     if peft:
         found = checkpoint_near(out_dir)
-        findings.append(Finding("DSD420", {"count": len(peft), "out_dir": str(out_dir), "names": _names(peft, 3),
+        findings.append(Finding("DSD420", {"count": len(peft), "out_dir": str(out_dir), "names": names(peft, 3),
                                            "ckpt": printable(found) if found is not None else "CKPT"}))
-    if missing:
-        findings.append(Finding("DSD401", {"count": len(missing), "out_dir": str(out_dir), "names": _names(missing)}))
-    if unexpected:
-        findings.append(Finding("DSD402", {"count": len(unexpected), "out_dir": str(out_dir),
-                                           "names": _names(unexpected)}))
-    empty, mismatched = [], []
-    for name, e in weights.items():
-        want = expected.get(name)
-        if want is None or e.shape == want:
-            continue
-        if e.numel == 0 and any(d for d in want):
-            empty.append(name)
-        else:
-            mismatched.append(f"{name} {list(e.shape)} != {list(want)}")
-    if empty:
-        findings.append(Finding("DSD404", {"count": len(empty), "names": _names(empty),
-                                           "merge": _merge_pointer(out_dir)}))
-    if mismatched:
-        findings.append(Finding("DSD403", {"count": len(mismatched), "details": _names(mismatched, 3)}))
+    findings += names_and_shapes({n: e.shape for n, e in weights.items()}, expected, out_dir, tied_of, skip=peft,
+                                 present_as={_base_name(n) for n in peft}, merge_hint=lambda: _merge_pointer(out_dir))
     _dtype_and_values(findings, config, weights, parameters)
 
     for group in tied:
@@ -312,22 +270,12 @@ def _dtype_and_values(findings, config, weights: dict, parameters: set) -> None:
             short = normalize_dtype(want_dtype) or want_dtype
             findings.append(Finding("DSD406", {"count": count, "found": "/".join(off), "expected": want_dtype,
                                                "expected_short": short}))
-    nonfinite, implausible, largest, worst = [], [], 0.0, None
+    values = Values()
     for name, e in weights.items():
-        if _dtype(e) not in EPS or not _numel(e):
-            continue
-        finite, peak = _scan_values(_load(e))
-        if not finite:
-            nonfinite.append(name)
-        elif name in parameters and peak > IMPLAUSIBLE_ABS:
-            implausible.append(name)
-            if peak > largest:
-                largest, worst = peak, name
-    if nonfinite:
-        findings.append(Finding("DSD405", {"count": len(nonfinite), "names": _names(nonfinite)}))
-    if implausible:
-        findings.append(Finding("DSD413", {"count": len(implausible), "largest": f"{largest:.3g}", "worst": worst,
-                                           "limit": f"{IMPLAUSIBLE_ABS:g}", "names": _names(implausible)}))
+        look = values.look(name, _dtype(e)) if _numel(e) else None
+        if look is not None:
+            look(tensor_bytes(_load(e)))
+    findings += values.findings(parameters)
 
 
 # ---- tensors either on disk (Entry) or in memory (a folded adapter) ------------------------------------------
@@ -423,7 +371,7 @@ def _compare_reference(result, findings, weights: dict, ref: dict, tied_of):
     coarse = _coarser(*narrow) if narrow else None
     result.tolerance = {"narrow": coarse, "ulp": 1 if coarse else 0}
     if only_ref:
-        result.notes.append(f"{len(only_ref)} reference tensor(s) not in the weights: {_names(only_ref, 3)}")
+        result.notes.append(f"{len(only_ref)} reference tensor(s) not in the weights: {names(only_ref, 3)}")
     if bad:
         worst_name = worst_name or bad[0]
         findings.append(Finding("DSD408", {"count": len(bad), "reference": result.reference,
@@ -493,14 +441,20 @@ def verify_adapter(out_dir, model, reference=None, logits: bool = True) -> Verif
     unfit, modules = _adapter_fit(adapter, cfg, expected, layers)
     result.adapter = {"config": str(out / lora.CONFIG_NAME), "layers": len(modules), "r": cfg.r, "alpha": cfg.alpha}
     if unfit:
-        findings.append(Finding("DSD422", {"count": len(unfit), "model": str(model), "details": _names(unfit, 3)}))
+        findings.append(Finding("DSD422", {"count": len(unfit), "model": str(model), "details": names(unfit, 3)}))
+    parts: dict[str, set] = {}
+    for m in filter(None, map(lora.SAVED_KEY.match, adapter)):
+        parts.setdefault(_base_name(m["module"]), set()).add(m["part"] + (".bias" if m["leaf"] == "bias" else ""))
+    problems = lora.contradictions(cfg, parts, {n.rsplit(".", 1)[0] for n in expected if n.endswith(".weight")})
+    if problems:
+        findings.append(Finding("DSD423", {"config": printable(out / lora.CONFIG_NAME), "details": "; ".join(problems)}))
     _dtype_and_values(findings, config, adapter, set())
     if reference is not None and not unfit:
         base = index_weights(model)
         folded, misfit = lora.fold_into({n: load_tensor(e) for n, e in base.items()},
                                         {n: load_tensor(e) for n, e in adapter.items()}, cfg)
         if misfit:
-            findings.append(Finding("DSD422", {"count": len(misfit), "model": str(model), "details": _names(misfit, 3)}))
+            findings.append(Finding("DSD422", {"count": len(misfit), "model": str(model), "details": names(misfit, 3)}))
         else:
             ours = {n: folded.get(n, e) for n, e in base.items()}
             tied_of = {n: g for g in tied for n in g}

@@ -142,17 +142,33 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _gf2_times(_shift_op(len2), crc1) ^ crc2 if len2 else crc1
 
 
-def crc32(data, value: int = 0, pool=None) -> int:
-    """zlib.crc32, in CRC_PARTS parts on ``pool``'s threads when the data is large (zlib releases the GIL)."""
+def crc32(data, value: int = 0, pool=None, look=None) -> int:
+    """zlib.crc32, in CRC_PARTS parts on ``pool``'s threads when the data is large (zlib releases the GIL).
+    ``look`` (a value check, checks.Values.look) reads every LOOK_BYTES right after the CRC did: one pass over
+    bytes still in the cache."""
     n = len(data)
     if pool is None or n < CRC_PARTS * CRC_PART_MIN:
-        return zlib.crc32(data, value)
+        return _crc_look(data, look, value)
     size = -(-n // CRC_PARTS)
+    size += -size % 8  # whole elements of any dtype in each part, for look
     parts = [data[i:i + size] for i in range(0, n, size)]
-    futures = [pool.submit(zlib.crc32, part) for part in parts[1:]]
-    value = zlib.crc32(parts[0], value)
+    futures = [pool.submit(_crc_look, part, look) for part in parts[1:]]
+    value = _crc_look(parts[0], look, value)
     for part, future in zip(parts[1:], futures):
         value = crc32_combine(value, future.result(), len(part))
+    return value
+
+
+LOOK_BYTES = 1 << 20
+
+
+def _crc_look(data, look, value: int = 0) -> int:
+    if look is None:
+        return zlib.crc32(data, value)
+    for i in range(0, len(data), LOOK_BYTES):
+        part = data[i:i + LOOK_BYTES]
+        value = zlib.crc32(part, value)
+        look(part)
     return value
 
 
@@ -170,19 +186,23 @@ class RecordCrcs:
         self.state: dict[tuple[str, int], list] = {}  # (path, record offset) -> [cursor, crc, ref]
         self.checked = 0
 
-    def feed(self, ref: TensorRef, offset: int, view) -> None:
+    def feed(self, ref: TensorRef, offset: int, view, look=None) -> None:
+        """The CRC of ``view`` (bytes at ``offset`` of ref's file); ``look`` reads all of them too."""
         if ref.record_crc is None:
-            return
+            return look(view) if look is not None else None
         st = self.state.get((ref.path, ref.data_offset))
         if st is None:
             st = self.state[(ref.path, ref.data_offset)] = [ref.data_offset, 0, ref]
         end = ref.data_offset + ref.record_size
         stop = min(offset + len(view), end)
+        whole = st[0] <= offset and stop == offset + len(view)  # the CRC reads every byte of the view
+        if look is not None and not whole:
+            look(view)
         if stop <= st[0]:
             return
         if offset > st[0]:
             self._fill(st, offset)
-        st[1] = crc32(view[st[0] - offset:stop - offset], st[1], self.pool)
+        st[1] = crc32(view[st[0] - offset:stop - offset], st[1], self.pool, look if whole else None)
         st[0] = stop
         if stop == end:
             self._check(st)
@@ -213,11 +233,11 @@ class RecordCrcs:
                 self._check(st)
 
 
-def _feed_mapped(crcs: RecordCrcs, ref: TensorRef, fd: int, offset: int, length: int) -> None:
+def _feed_mapped(crcs: RecordCrcs, ref: TensorRef, fd: int, offset: int, length: int, look) -> None:
     mapped, skip = door.map_readonly(fd, offset, length)
     try:
         with memoryview(mapped) as whole, whole[skip:] as view:
-            crcs.feed(ref, offset, view)
+            crcs.feed(ref, offset, view, look)
     finally:
         try:
             mapped.close()
@@ -237,16 +257,16 @@ class _CrcWorker:
         self.bufs = None  # the copy buffers, shared by every shard
         self.turn = 0
 
-    def submit(self, ref: TensorRef, offset: int, view) -> None:
-        if ref.record_crc is not None:
-            self._submit(self.crcs.feed, ref, offset, view)
+    def submit(self, ref: TensorRef, offset: int, view, look=None) -> None:
+        if ref.record_crc is not None or look is not None:
+            self._submit(self.crcs.feed, ref, offset, view, look)
 
-    def submit_mapped(self, ref: TensorRef, fd: int, offset: int, length: int) -> None:
+    def submit_mapped(self, ref: TensorRef, fd: int, offset: int, length: int, look=None) -> None:
         """The CRC of a range the kernel just copied, read through a read-only mapping of that range only:
         the page cache the copy filled, with no copy of its own, and no more than one range mapped (the
         peak RSS stays at a chunk)."""
-        if ref.record_crc is not None:
-            self._submit(_feed_mapped, self.crcs, ref, fd, offset, length)
+        if ref.record_crc is not None or look is not None:
+            self._submit(_feed_mapped, self.crcs, ref, fd, offset, length, look)
 
     def _submit(self, fn, *args) -> None:
         self.sync()
@@ -282,28 +302,26 @@ class _Copier:
         self.kernel_copy = hasattr(os, "copy_file_range")
         self._in = self._out = None
 
-    def copy(self, piece: Piece):
+    def copy(self, piece: Piece, look=None):
         offset, length = piece.ref.byte_range(piece.start, piece.count)
         src = self.sources.fd(piece.ref.path)
         if not self.kernel_copy:
-            return self._copy_checked(piece, src, offset, length)
-        checked = piece.ref.record_crc is not None
+            return self._copy_checked(piece, src, offset, length, look)
         while length > 0:  # copied in the kernel; the CRC of each step runs beside the next step's copy
             step = min(length, COPY_BYTES)
             try:
                 done = os.copy_file_range(src, self.out_fd, step, offset)
             except OSError:
                 self.kernel_copy = False
-                return self._copy_checked(piece, src, offset, length)
+                return self._copy_checked(piece, src, offset, length, look)
             if done <= 0:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
-            if checked:
-                self.crc.submit_mapped(piece.ref, src, offset, done)
+            self.crc.submit_mapped(piece.ref, src, offset, done, look)
             offset += done
             length -= done
             self.on_bytes(done)
 
-    def _copy_checked(self, piece: Piece, src: int, offset: int, length: int):
+    def _copy_checked(self, piece: Piece, src: int, offset: int, length: int, look):
         pipe = self.crc
         if pipe.bufs is None:  # two buffers: one read and written while the other's CRC is computed
             pipe.bufs = (memoryview(bytearray(COPY_BYTES)), memoryview(bytearray(COPY_BYTES)))
@@ -313,13 +331,13 @@ class _Copier:
             view = pipe.bufs[pipe.turn][:step]  # the pending CRC, if any, reads the other buffer
             if os.preadv(src, [view], offset) != step:
                 raise InputError("truncated: a tensor's data ends past the end of the file", path=piece.ref.path)
-            self.crc.submit(piece.ref, offset, view)
+            self.crc.submit(piece.ref, offset, view, look)
             _write_all(self.out_fd, view)
             offset += step
             length -= step
             self.on_bytes(step)
 
-    def convert(self, piece: Piece, out_dtype: str):
+    def convert(self, piece: Piece, out_dtype: str, look=None):
         import torch
 
         src_dtype = getattr(torch, piece.ref.dtype)
@@ -342,6 +360,8 @@ class _Copier:
             if piece.divisor != 1.0:  # in the shard's dtype, as DeepSpeed's own rebuild divides
                 values = values / piece.divisor
             out.copy_(values)
+            if look is not None:
+                look(out.view(torch.uint8).numpy())
             _write_all(self.out_fd, out.view(torch.uint8).numpy())
             self.on_bytes(n * ITEMSIZE[out_dtype])
             start += n
@@ -362,7 +382,7 @@ class _Copier:
             torch.empty(0, dtype=getattr(torch, piece.ref.dtype))
         return values / piece.divisor if piece.divisor != 1.0 else values
 
-    def write_computed(self, t: OutTensor):
+    def write_computed(self, t: OutTensor, look=None):
         """A tensor computed from its pieces (a LoRA update folded into its base weight): one tensor in memory."""
         import torch
 
@@ -371,6 +391,8 @@ class _Copier:
             raise InputError(f"{t.name}: computed shape {tuple(values.shape)} is not {tuple(t.plan.shape)}",
                              path=t.plan.pieces[0].ref.path if t.plan.pieces else None)
         out = values.to(getattr(torch, t.dtype)).contiguous().reshape(-1)
+        if look is not None:
+            look(out.view(torch.uint8).numpy())
         self.crc.sync()
         _write_all(self.out_fd, out.view(torch.uint8).numpy())
         self.on_bytes(out.numel() * ITEMSIZE[t.dtype])
@@ -383,20 +405,21 @@ def _write_all(fd: int, buf) -> None:
         view = view[written:]
 
 
-def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crc: _CrcWorker) -> int:
+def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_bytes, crc: _CrcWorker, values=None) -> int:
     fd = door.create_fd(path)  # a new file; the umask applies
     try:
         _write_all(fd, _header(tensors, {"format": "pt"}))
         copier = _Copier(fd, sources, on_bytes, crc)
         for t in tensors:
+            look = values.look(t.name, t.dtype) if values is not None else None
             if t.plan.compute is not None:
-                copier.write_computed(t)
+                copier.write_computed(t, look)
                 continue
             for piece in t.plan.pieces:
                 if piece.ref.dtype == t.dtype and piece.divisor == 1.0:
-                    copier.copy(piece)
+                    copier.copy(piece, look)
                 else:
-                    copier.convert(piece, t.dtype)
+                    copier.convert(piece, t.dtype, look)
         os.fsync(fd)
         return os.lseek(fd, 0, os.SEEK_CUR)
     finally:
@@ -404,9 +427,10 @@ def write_shard(path: Path, tensors: list[OutTensor], sources: _Sources, on_byte
 
 
 def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, extra_metadata: dict,
-              on_bytes=lambda n: None, single: str | None = None) -> tuple[list[str], dict[str, str], int]:
+              on_bytes=lambda n: None, single: str | None = None, values=None) -> tuple[list[str], dict[str, str], int]:
     """Write the shards and the index into ``out_dir``. Returns (shard names, weight map, total bytes).
-    ``single``: one file of that name and no index (a PEFT adapter, which PEFT reads from one file)."""
+    ``single``: one file of that name and no index (a PEFT adapter, which PEFT reads from one file); ``values``
+    (checks.Values) is fed every value written, in the same pass."""
     shards = [tensors] if single else assign_shards(tensors, max_shard_bytes)
     names = [single] if single else shard_names(len(shards))
     weight_map: dict[str, str] = {}
@@ -417,7 +441,7 @@ def write_all(out_dir: Path, tensors: list[OutTensor], max_shard_bytes: int, ext
     try:
         try:
             for name, shard in zip(names, shards):
-                write_shard(out_dir / name, shard, sources, on_bytes, crc)
+                write_shard(out_dir / name, shard, sources, on_bytes, crc, values)
                 for t in shard:
                     weight_map[t.name] = name
                     total += t.nbytes
