@@ -15,7 +15,7 @@ from tests.helpers import EXAMPLES
 
 LLAMA_7B = EXAMPLES / "llama-7b"
 H200 = dict(gpu_memory="141GiB", gpu_name="H200", host_memory="1TiB", detect=False, counts="formula")
-OWN_FLAGS = {"help", "plot", "force", "format", "lang", "fail_on"}  # the command's, not the planner's
+OWN_FLAGS = {"help", "plot", "force", "format", "lang", "fail_on", "measure"}  # the command's (--measure: run it here)
 
 
 def _parser() -> argparse.ArgumentParser:

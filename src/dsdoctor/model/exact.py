@@ -58,6 +58,11 @@ def count_parameters(model) -> int:
     return sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
 
 
+def partitioned_bytes(module) -> int:
+    """Bytes of ``module``'s ZeRO-3 partitioned parameters, whole (what a gather of it brings to the GPU)."""
+    return sum(int(p.ds_numel) * p.element_size() for p in module.parameters() if hasattr(p, "ds_id"))
+
+
 def _is_expert(mod_name: str, module) -> bool:
     """A routed expert's weight: a fused experts module (transformers 5, gpt-oss) or one expert of a list (4.x)."""
     return type(module).__name__.endswith("Experts") or _PER_EXPERT.search(mod_name + ".") is not None

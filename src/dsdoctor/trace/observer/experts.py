@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import re
 
+from dsdoctor.model.exact import partitioned_bytes
+
 _EXPERTS = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.(?:.+\.)?experts(?:\.(\d+))?$")
-
-
-def _bytes(module) -> int:
-    return sum(int(p.ds_numel) * p.element_size() for p in module.parameters() if hasattr(p, "ds_id"))
 
 
 class ExpertGathers:
@@ -28,7 +26,7 @@ class ExpertGathers:
         self.info: dict = {}
         for name, module in model.named_modules():
             m = _EXPERTS.search(name)
-            if m is None or not _bytes(module):
+            if m is None or not partitioned_bytes(module):
                 continue
             layer, index = int(m.group(1)), m.group(2)
             if index is None and not any(True for _ in module.parameters(recurse=False)):
@@ -42,14 +40,14 @@ class ExpertGathers:
             if index is None:  # fused: every expert in one module, gathered whole
                 first = next(module.parameters(recurse=False))
                 self.info["experts"] = int(getattr(first, "ds_shape", first.shape)[0])
-                self._watch(module, layer, None, self.info["experts"], _bytes(module))
+                self._watch(module, layer, None, self.info["experts"], partitioned_bytes(module))
             elif leaf:  # a leaf block: gathered whole at its own entry, once per layer
                 self.info["experts"] = len(getattr(block, "experts", ())) or 1
                 if not any(h[1] == layer for h in self.handles):
-                    self._watch(block, layer, None, self.info["experts"], _bytes(block.experts))
+                    self._watch(block, layer, None, self.info["experts"], partitioned_bytes(block.experts))
             else:
                 self.info["experts"] = len(getattr(block, "experts", ())) or 1
-                self._watch(module, layer, int(index), 1, _bytes(module))
+                self._watch(module, layer, int(index), 1, partitioned_bytes(module))
         if self.handles:
             self.handles.append((model.register_forward_pre_hook(self._next_forward, prepend=True), None))
 
