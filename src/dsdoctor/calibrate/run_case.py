@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 import traceback
 
+from dsdoctor.dtypes import TORCH_NAMES
+from dsdoctor.proctree import free_port
+
 PATHS = ("plain", "zero3", "zero3-offload")
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def build_config(config: dict):
@@ -45,9 +46,7 @@ def _one_rank(cuda: bool) -> None:
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(k, v)
     if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(free_port())
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
 
 
@@ -135,7 +134,7 @@ def run(job: dict, start=None, end=None) -> dict:
         return rec
     if path.startswith("zero3"):
         import deepspeed  # noqa: F401  (before the GPU is ours)
-    dtype = getattr(torch, DTYPES.get(job.get("dtype") or "bf16", "bfloat16"))
+    dtype = getattr(torch, TORCH_NAMES.get(job.get("dtype") or "bf16", "bfloat16"))
     try:
         cfg, model_cls = _model_class(job["config"])
     except Exception as exc:  # noqa: BLE001 -- a model transformers cannot build is an answer, said in one line
