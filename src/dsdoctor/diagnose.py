@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.dtypes import normalize_dtype
+from dsdoctor.dtypes import TORCH_NAMES, normalize_dtype
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, exit_code, sort_findings
 from dsdoctor.i18n import LANGS, fill, message_table, pick
@@ -545,13 +545,14 @@ class Captured:
         self.variant_workload = {k: shape.get(k) for k in ("batch", "prompt_len", "new_tokens")}
         if self.model_dir is None and isinstance(shape.get("model_config"), dict):
             saved = dict(shape["model_config"])
-            if not (saved.get("torch_dtype") or saved.get("dtype")) and shape.get("dtype"):
-                saved["torch_dtype"] = shape["dtype"]
+            short = normalize_dtype(str(shape.get("dtype")))
+            if not (saved.get("torch_dtype") or saved.get("dtype")) and short in TORCH_NAMES:
+                saved["torch_dtype"] = TORCH_NAMES[short]  # transformers reads torch's name, not bf16/fp32
             directory = door.make_dir(tmp / "model")
             door.write_new(directory / "config.json", to_json(saved))
             self.model_dir, self.model_from = directory, f"from ab's variant {v.name}"
             self.model_class = (saved.get("architectures") or [None])[0]
-            self.dtype = self.dtype or normalize_dtype(str(shape.get("dtype")))
+            self.dtype = self.dtype or short
         self.world_size = self.world_size or shape.get("world_size")
 
     def workloads(self) -> list[tuple]:

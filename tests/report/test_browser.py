@@ -136,8 +136,12 @@ for (const cell of document.querySelectorAll("td, th")) {
   if (!text || text.length > 16) continue;
   const range = document.createRange();
   range.selectNodeContents(cell);
-  const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
-  if (tops.size > 1) wrapped.push(text + ":" + tops.size);
+  // one line holds inline boxes whose tops differ by a pixel or two (a <code> beside text): a new line starts
+  // only where a box starts more than half a line below the one before
+  const tops = [...range.getClientRects()].map(r => r.top).sort((a, b) => a - b);
+  const half = parseFloat(getComputedStyle(cell).fontSize) / 2;
+  const lines = tops.filter((t, i) => i === 0 || t - tops[i - 1] > half).length;
+  if (lines > 1) wrapped.push(text + ":" + lines);
 }
 document.body.setAttribute("data-wrapped", JSON.stringify(wrapped));
 </script>"""
