@@ -146,6 +146,12 @@ HOLDOUT2_CASES = [
     case("gemma3-4b", "zero3", 2, 16384, 8, measure=True),
     case("qwen3-8b", "plain", 4, 4096, 16, measure=True),
 ]
+# MoE bench (issue 30 item 6): two MoE shapes cut to a few layers, every one-GPU path, uncapped (allocated,
+# reserved, first and steady tokens/s): fused experts with top-k routing, 128 experts (Qwen3-MoE) and 64 (OLMoE).
+MOE_MODELS = {"qwen3-moe-6l": _arch("qwen3-30b-a3b", num_hidden_layers=6),
+              "olmoe-4l": _arch("olmoe-1b-7b", num_hidden_layers=4)}
+MOE_CASES = [dict(case(m, p, 8, 512, 32, measure=True), capped=False)
+             for m in MOE_MODELS for p in ("plain", "zero3", "zero3-offload")]
 # Phi-3's pad_token_id (32000) inside a 32064 vocabulary: the zero3 case that crashed the hold-out run
 TINY_PHI3 = dict(PHI3, hidden_act="silu", hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=256, original_max_position_embeddings=256)
@@ -286,7 +292,7 @@ def run_phase(jobs: list, lanes: int, out: Path, models: Path, deadline: float, 
                     cur["log"].close()
                     finish(cur["job"], _record_of(cur, out))
                     lane.current = None
-            if lane.current is None and lane.next is not None and now < deadline:
+            if lane.current is None and lane.next is not None and now < deadline and _room(pool, lane.next["job"]):
                 lane.current, lane.next = lane.next, None
                 lane.current["go"].write_text(str(sum(lane2.busy() for lane2 in pool)))
                 lane.current["t0"] = time.time()
@@ -301,6 +307,25 @@ def run_phase(jobs: list, lanes: int, out: Path, models: Path, deadline: float, 
             lane.next["log"].close()
             queue.insert(0, lane.next["job"])
     return queue
+
+
+def _gpu_total() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+
+
+def _room(pool: list, job: dict) -> bool:
+    """Start a capped run only where the GPU has room for its cap beside the runs in flight (an H100 holds fewer
+    lanes than an H200); an uncapped run, or one that fits no lanes beside it, starts alone."""
+    running = [lane.current["job"] for lane in pool if lane.current is not None]
+    if not running:
+        return True
+    need = job.get("emulated_gpu_bytes")
+    busy = [r.get("emulated_gpu_bytes") for r in running]
+    if need is None or None in busy:
+        return False
+    return sum(busy) + need <= _gpu_total() - 2 * 2**30
 
 
 def _kill(proc) -> None:
@@ -326,7 +351,7 @@ def jobs_for(cases: list, preds: dict, delta: float, cuda: bool) -> tuple[list, 
     capped, uncapped = [], []
     for c in cases:
         caps = caps_for(preds[c["id"]], delta)
-        for side in ("above", "below"):
+        for side in ("above", "below") if c.get("capped", True) else ():
             capped.append({"id": f"{c['id']}-{side}", "case": c, "cap": side, **caps[side]} if cuda else
                           {"id": f"{c['id']}-{side}", "case": c, "cap": side, "emulated_gpu_bytes": None,
                            "cap_bytes": None})
@@ -416,6 +441,8 @@ def measure(a) -> int:
         models, cases = dict(MODELS, **HOLDOUT_MODELS), HOLDOUT_CASES
     if a.set == "holdout2":
         models, cases = dict(MODELS, **HOLDOUT_MODELS, **HOLDOUT2_MODELS), HOLDOUT2_CASES
+    if a.set == "moe":
+        models, cases = dict(MODELS, **MOE_MODELS), MOE_CASES
     if a.only:
         keys = a.only.split(",")
         cases = [c for c in cases if any(k in c["id"] for k in keys)]
@@ -427,9 +454,16 @@ def measure(a) -> int:
 
         gpu_name = torch.cuda.get_device_name(0)
         device = f"1 x {gpu_name} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"
-    preds = {}
+    if a.write_preds:  # plan's figures computed here, carried to the GPU machine (plan takes seconds a case)
+        table = {}
+        for name in a.gpu_names.split(","):
+            table[name] = {c["id"]: predict(models_dir, c, name) for c in cases}
+        Path(a.write_preds).write_text(json.dumps(table, indent=1))
+        return 0
+    preds = json.loads(Path(a.preds).read_text()).get(gpu_name or "H200", {}) if a.preds else {}
     for c in cases:
-        preds[c["id"]] = predict(models_dir, c, gpu_name)
+        if c["id"] not in preds:
+            preds[c["id"]] = predict(models_dir, c, gpu_name)
         log(f"plan {c['id']}: reserved {_gib(preds[c['id']]['reserved'])} GiB, line {_gib(preds[c['id']]['line'])} GiB")
     capped, uncapped = jobs_for(cases, preds, a.delta, cuda)
     rows: list = []
@@ -502,8 +536,12 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=3)
     ap.add_argument("--delta", type=float, default=DELTA)
     ap.add_argument("--only", default=None)
-    ap.add_argument("--set", choices=("run1", "holdout", "holdout2"), default="run1",
-                    help="run1: the cases of edge run 1; holdout, holdout2: shapes and sizes no bench ran before")
+    ap.add_argument("--set", choices=("run1", "holdout", "holdout2", "moe"), default="run1",
+                    help="run1: the cases of edge run 1; holdout, holdout2: shapes and sizes no bench ran before; "
+                         "moe: two MoE shapes, every one-GPU path, uncapped")
+    ap.add_argument("--preds", default=None, help="plan's figures per GPU name, written by --write-preds")
+    ap.add_argument("--write-preds", default=None, help="write plan's figures for --gpu-names and stop")
+    ap.add_argument("--gpu-names", default="NVIDIA H200,NVIDIA H100 80GB HBM3")
     ap.add_argument("--reestimate", nargs="+", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--models", default=None, help=argparse.SUPPRESS)
