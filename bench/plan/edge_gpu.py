@@ -152,6 +152,11 @@ MOE_MODELS = {"qwen3-moe-6l": _arch("qwen3-30b-a3b", num_hidden_layers=6),
               "olmoe-4l": _arch("olmoe-1b-7b", num_hidden_layers=4)}
 MOE_CASES = [dict(case(m, p, 8, 512, 32, measure=True), capped=False)
              for m in MOE_MODELS for p in ("plain", "zero3", "zero3-offload")]
+# Eager attention (a class without SDPA: gpt-oss's sinks): the B x H x S x S scores, uncapped, cut to 2 layers
+EAGER_MODELS = {"gpt-oss-2l": _arch("gpt-oss-20b", num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"]),
+                "gemma2-2b": HOLDOUT2_MODELS["gemma2-2b"]}  # Gemma-2: no SDPA (softcapping)
+EAGER_CASES = [dict(case(m, "plain", b, p, 4, measure=True), capped=False)
+               for m, b, p in (("gpt-oss-2l", 1, 2048), ("gpt-oss-2l", 2, 4096), ("gemma2-2b", 2, 4096))]
 # Phi-3's pad_token_id (32000) inside a 32064 vocabulary: the zero3 case that crashed the hold-out run
 TINY_PHI3 = dict(PHI3, hidden_act="silu", hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=256, original_max_position_embeddings=256)
@@ -182,7 +187,16 @@ def predict(models_dir: Path, c: dict, gpu_name: str | None) -> dict:
                gpu_name=gpu_name or "H200", alloc_conf="")
     p = res.path(c["path"])
     return {"allocated": p.gpu_peak_bytes, "reserved": p.gpu_reserved_bytes,
-            "outside": p.gpu_outside_allocator_bytes, "line": p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes}
+            "outside": p.gpu_outside_allocator_bytes, "line": p.gpu_reserved_bytes + p.gpu_outside_allocator_bytes,
+            "upper": p.upper_bytes}
+
+
+def verdict_at(pred: dict, gpu_bytes: int | None) -> str | None:
+    """Plan's three-valued verdict (DSD234) for a GPU of ``gpu_bytes``: fits (the band's upper figure fits), edge (the
+    prediction fits, the upper figure does not), does not fit."""
+    if not gpu_bytes or pred.get("upper") is None:
+        return None
+    return "fits" if pred["upper"] <= gpu_bytes else "edge" if pred["line"] <= gpu_bytes else "does not fit"
 
 
 def caps_for(pred: dict, delta: float) -> dict:
@@ -357,7 +371,7 @@ def jobs_for(cases: list, preds: dict, delta: float, cuda: bool) -> tuple[list, 
                            "cap_bytes": None})
         if c.get("measure"):
             uncapped.append({"id": f"{c['id']}-uncapped", "case": c, "cap": "none", "cap_bytes": None,
-                             "emulated_gpu_bytes": None, "history": cuda})
+                             "emulated_gpu_bytes": None, "history": cuda and c.get("capped", True)})
     return capped, uncapped
 
 
@@ -407,11 +421,20 @@ def results(rows: list, device: str, command: str) -> tuple[str, dict]:
                      f"{a_obs} | {b_cap} | {b_obs} | {meas} |")
     judged = [r for r in rows if r.get("right") is not None]
     right = sum(r["right"] for r in judged)
+    verdicts = {r["id"]: verdict_at(r["plan"], r.get("emulated_gpu_bytes")) for r in judged}
     summary = {"capped_runs": len(judged), "right": right, "wrong": [r["id"] for r in judged if not r["right"]],
-               "errors": [r["id"] for r in rows if r.get("observed") == "error"]}
+               "errors": [r["id"] for r in rows if r.get("observed") == "error"],
+               "verdicts": {v: sum(x == v for x in verdicts.values()) for v in ("fits", "edge", "does not fit")},
+               "optimistic": [r["id"] for r in judged if verdicts[r["id"]] == "fits" and r["observed"] == "oom"],
+               "fits_that_fit": sum(verdicts[r["id"]] == "fits" and r["observed"] == "fits" for r in judged),
+               "edge_that_fit": sum(verdicts[r["id"]] == "edge" and r["observed"] == "fits" for r in judged)}
     lines.append(f"\nplan's fit / out-of-memory verdict right on {right} of {len(judged)} capped runs"
                  + (f"; wrong: {', '.join(summary['wrong'])}" if summary["wrong"] else "")
                  + (f"; errors: {', '.join(summary['errors'])}" if summary["errors"] else "") + ".")
+    lines.append(f"\nWith the band (three verdicts at each capped run's GPU): {summary['verdicts']}; \"fits\" that ran out of "
+                 f"memory: {len(summary['optimistic'])}" + (f" ({', '.join(summary['optimistic'])})" if summary["optimistic"]
+                                                          else "") + f"; \"fits\" that fit: {summary['fits_that_fit']}; "
+                 f"\"edge\" that fit: {summary['edge_that_fit']}.")
     return "\n".join(lines) + "\n", summary
 
 
@@ -443,6 +466,8 @@ def measure(a) -> int:
         models, cases = dict(MODELS, **HOLDOUT_MODELS, **HOLDOUT2_MODELS), HOLDOUT2_CASES
     if a.set == "moe":
         models, cases = dict(MODELS, **MOE_MODELS), MOE_CASES
+    if a.set == "eager":
+        models, cases = dict(MODELS, **EAGER_MODELS), EAGER_CASES
     if a.only:
         keys = a.only.split(",")
         cases = [c for c in cases if any(k in c["id"] for k in keys)]
@@ -536,9 +561,9 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=3)
     ap.add_argument("--delta", type=float, default=DELTA)
     ap.add_argument("--only", default=None)
-    ap.add_argument("--set", choices=("run1", "holdout", "holdout2", "moe"), default="run1",
+    ap.add_argument("--set", choices=("run1", "holdout", "holdout2", "moe", "eager"), default="run1",
                     help="run1: the cases of edge run 1; holdout, holdout2: shapes and sizes no bench ran before; "
-                         "moe: two MoE shapes, every one-GPU path, uncapped")
+                         "moe: two MoE shapes, every one-GPU path, uncapped; eager: gpt-oss's eager attention")
     ap.add_argument("--preds", default=None, help="plan's figures per GPU name, written by --write-preds")
     ap.add_argument("--write-preds", default=None, help="write plan's figures for --gpu-names and stop")
     ap.add_argument("--gpu-names", default="NVIDIA H200,NVIDIA H100 80GB HBM3")

@@ -93,7 +93,8 @@ def inventory_of_module(model, counted_by: str = "meta") -> Inventory:
         keep = "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         keep = True
-    inv = Inventory(params, tied=sorted(set(tied)), supports_logits_to_keep=keep, counted_by=counted_by)
+    inv = Inventory(params, tied=sorted(set(tied)), supports_logits_to_keep=keep, counted_by=counted_by,
+                    attention=attention_of(model, params))
     if blocks:
         cfg = getattr(model, "config", None)
         cfg = getattr(cfg, "text_config", None) or cfg
@@ -102,6 +103,16 @@ def inventory_of_module(model, counted_by: str = "meta") -> Inventory:
         inter = int(raw.get("moe_intermediate_size") or raw.get("intermediate_size") or 0)
         inv.moe = layout(raw, str(raw.get("model_type", "")), sorted(blocks), inter, fused, block)
     return inv
+
+
+def attention_of(model, params: list[Param]) -> str:
+    """The attention transformers runs for this class by default: a class without SDPA (``_supports_sdpa``
+    False, e.g. gpt-oss: SDPA cannot apply its sinks) runs eager attention, which holds B x heads x S x S scores;
+    eager-sinks: gpt-oss's eager function, which concatenates the sinks and keeps its softmax in the dtype."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl != "eager":
+        return "sdpa"
+    return "eager-sinks" if any(p.name.endswith(".sinks") for p in params) else "eager"
 
 
 def _block_class(model, experts_module: str) -> str:

@@ -41,6 +41,9 @@ class MoeLayout:
     block_class: str = ""  # the sparse MoE block's class (what deepspeed.utils.set_z3_leaf_modules takes)
 
 
+ATTENTION = ("sdpa", "eager", "eager-sinks")
+
+
 @dataclass
 class Inventory:
     params: list[Param]
@@ -50,6 +53,7 @@ class Inventory:
     cache_layout: list | None = None  # per layer: (elements per position, window or None), from transformers
     window_layout: list | None = None  # per layer: (0, window or None) from the config object
     moe: MoeLayout | None = None  # None: a dense model
+    attention: str = "sdpa"  # what transformers runs by default: sdpa, eager (a class without SDPA), eager-sinks
 
     @property
     def num_params(self) -> int:
@@ -122,7 +126,7 @@ def inventory_to_dict(inv: Inventory) -> dict:
     return {"params": [[p.name, p.module, list(p.shape), p.kind, p.expert] for p in inv.params],
             "tied": [list(t) for t in inv.tied], "supports_logits_to_keep": inv.supports_logits_to_keep,
             "counted_by": inv.counted_by, "cache_layout": inv.cache_layout, "window_layout": inv.window_layout,
-            "moe": dataclasses.asdict(inv.moe) if inv.moe is not None else None}
+            "moe": dataclasses.asdict(inv.moe) if inv.moe is not None else None, "attention": inv.attention}
 
 
 def _need(ok: bool, what: str) -> None:
@@ -180,5 +184,6 @@ def inventory_from_dict(d) -> Inventory:
     _need(d.get("counted_by") in ("meta", "formula", "formula-approx"), "counted_by")
     cache = _pairs(d.get("cache_layout"), _count, lambda v: v is None or _count(v, 1))
     window = _pairs(d.get("window_layout"), _count, lambda v: v is None or _count(v, 1))
+    _need(d.get("attention", "sdpa") in ATTENTION, "attention")
     return Inventory(params, tied, d["supports_logits_to_keep"], d["counted_by"], cache, window,
-                     _moe(d.get("moe")))
+                     _moe(d.get("moe")), d.get("attention", "sdpa"))

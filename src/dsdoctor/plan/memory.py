@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.model.inventory import Inventory
-from dsdoctor.plan.schedule import Gather, Moment, gather_points, moments_of, step_kind, trace_steps
+from dsdoctor.plan.schedule import Gather, Moment, eager_scores, gather_points, moments_of, step_kind, trace_steps
 from dsdoctor.plan.shape import ModelShape, kv_bytes
 from dsdoctor.zero_costs import optimizer_cost
 
@@ -226,10 +226,11 @@ def _generate_moments(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list)
     logits_decode = B * vocab * b + B * vocab * 4
     first_pts, warm_pts = _forward_points(shape, b, tp, g, numel_of)
     lm_prefill = B * logits_prefill_tokens * vocab * b
-    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
-    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
+    scores = eager_scores(shape, B, S, S, b, tp)
+    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, scores)
+    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, scores)
     decode = moments_of(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
-                        logits_decode, B * vocab * b)
+                        logits_decode, B * vocab * b, eager_scores(shape, B, 1, final, b, tp))
     return [("prefill", m) for m in first + warm] + [("decode", m) for m in decode]
 
 

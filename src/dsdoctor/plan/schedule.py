@@ -418,8 +418,9 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
 
 
 def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
-               kv_transient: float, logits_bytes: float, lm_head_bytes: float) -> list[Moment]:
-    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer."""
+               kv_transient: float, logits_bytes: float, lm_head_bytes: float, scores: float = 0) -> list[Moment]:
+    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer;
+    ``scores``: what eager attention holds inside its function (``eager_scores``), at the attention point."""
     out = []
     done = -1
     for pt in points:
@@ -430,5 +431,23 @@ def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, 
             kv = kv_after if done >= layers - 1 else kv_before
         kv += kv_transient if pt.attention else 0
         logits = logits_bytes if pt.end else (lm_head_bytes if pt.label.endswith("lm_head") else 0)
-        out.append(Moment(pt.label, pt.gathered, pt.level * tokens if not pt.end else 0, kv, logits))
+        act = pt.level * tokens + (scores if pt.label.endswith(".<sdpa>") else 0) if not pt.end else 0
+        out.append(Moment(pt.label, pt.gathered, act, kv, logits))
     return out
+
+
+def eager_scores(shape: ModelShape, batch: int, queries: int, keys: int, b: int, tp: int = 1) -> float:
+    """Bytes eager attention holds at once for ``batch`` x heads x ``queries`` x ``keys`` scores (SDPA: none).
+    transformers' eager function: q.k^T x scaling, + mask, softmax(dtype=float32), cast back: at the softmax the
+    masked scores, their float32 copy and the float32 result live together (dtype + 8 bytes an element; a float32
+    model: 8), beside the 4-D mask; gpt-oss's (eager-sinks): the masked scores, the logits with the sink column
+    less their maximum, and the softmax in the dtype (3 x dtype bytes). Measured on the CPU against transformers'
+    own functions (tests/plan/test_attention.py). Every layer at prefill scores the whole prompt (a sliding window
+    only masks)."""
+    kind = shape.inventory.attention
+    if kind == "sdpa":
+        return 0
+    heads = math.ceil(shape.q_dim / shape.head_dim / tp)
+    n = batch * heads * queries * (keys + (kind == "eager-sinks"))
+    per = 3 * b if kind == "eager-sinks" else 8 if b == 4 else b + 8
+    return n * per + batch * queries * keys * b
