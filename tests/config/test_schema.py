@@ -15,6 +15,7 @@ MODELS = {
     "zero_optimization.offload_optimizer": "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig",
     "fp16": "deepspeed.runtime.precision_config:DeepSpeedFP16Config",
     "bf16": "deepspeed.runtime.precision_config:DeepSpeedBF16Config",
+    "weight_quantization": "deepspeed.inference.config:WeightQuantConfig",
     "init_inference": "deepspeed.inference.config:DeepSpeedInferenceConfig",
     "init_inference.tensor_parallel": "deepspeed.inference.config:DeepSpeedTPConfig",
     "init_inference.moe": "deepspeed.inference.config:DeepSpeedMoEConfig",

@@ -108,6 +108,13 @@ enabled      bool    False  split=resolve
 immediate_grad_update,bf16_master_weights_and_grads,bf16_optimizer_states  bool  False
 check_grad_overflow  bool  True
 
+[weight_quantization] WeightQuantConfig  -- deepspeed.initialize's weight_quantization (DSD129)
+enabled      bool    True
+num_bits     int     8
+q_type       str     "symmetric"
+q_groups     int     1
+quantized_initialization,post_init_quant  any  {}
+
 [init_inference] the model  -- DeepSpeedInferenceConfig: deepspeed.init_inference(config=...)
 replace_with_kernel_inject  bool  False  alias=kernel_inject ii
 dtype        dtype   "fp16"  ii  -- a bf16 model is cast to fp16 unless given
