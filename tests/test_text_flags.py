@@ -34,7 +34,8 @@ REPORTERS = {"config": ("check", "split", "diagnose", "trace", "ab"), "plan": ("
 TABLE_READERS = {
     "calibrate.": ("calibrate", "env"), "checkpoint.merge.": ("merge", "diagnose"),
     "checkpoint.verify.": ("verify", "diagnose"), "compare.": ("compare",), "config.check.": ("check", "diagnose"),
-    "config.split": ("split", "diagnose"), "diagnose.": ("diagnose",), "plan.": ("plan", "diagnose"),
+    "config.split": ("split", "diagnose"), "config.schema.REASONS": ("split", "diagnose"), "diagnose.": ("diagnose",),
+    "plan.": ("plan", "diagnose"),
     "trace.": ("trace", "ab", "diagnose"),
 }
 # a label shown only when that very flag was given to that command

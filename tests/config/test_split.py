@@ -7,7 +7,6 @@ import pytest
 from dsdoctor.config.check import check
 from dsdoctor.config.effective import effective_settings
 from dsdoctor.config.split import split
-from dsdoctor.config.split_table import TABLE
 from dsdoctor.errors import InputError
 from tests.helpers import EXAMPLES, run_cli
 
@@ -111,13 +110,6 @@ def test_yaml_with_missing_reference_is_refused(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         split(y, tmp_path / "o.json")
     assert not (tmp_path / "o.json").exists()
-
-
-def test_table_rows_have_reasons_in_both_languages():
-    keys = [row.key for row in TABLE]
-    assert len(keys) == len(set(keys))
-    for row in TABLE:
-        assert row.action in ("drop", "keep", "resolve") and row.reason["en"] and row.reason["zh"]
 
 
 @pytest.mark.process

@@ -9,13 +9,12 @@ import os
 from dataclasses import dataclass, field
 
 from dsdoctor.config import checks_configs
-from dsdoctor.config.effective import AUTO, STAGE3_ALIASES, Effective, effective_settings
+from dsdoctor.config.effective import AUTO, Effective, effective_settings
 from dsdoctor.config.inference_config import InferenceSettings, read_inference_config
 from dsdoctor.config.load import LoadedConfig, load_config
 from dsdoctor.config.runner import MODES as RUNNER_MODES
 from dsdoctor.config.runner import Runner, detect_runner
-from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS
-from dsdoctor.config.split_table import TRAINING_ONLY
+from dsdoctor.config.schema import DEEPSPEED_TOP_LEVEL_KEYS, INIT_INFERENCE_ALL_KEYS, INIT_INFERENCE_KEYS, lookup
 from dsdoctor.config.versions import Versions, resolve_versions
 from dsdoctor.dtypes import DTYPE_BYTES
 from dsdoctor.errors import InputError
@@ -559,28 +558,18 @@ DETECTORS = (
 
 
 
-_ALIAS_TO_CANONICAL = {alias: canonical for canonical, alias in STAGE3_ALIASES.items()}
-
-
-def canonical_key(path: str) -> str:
-    """zero_optimization.stage3_X -> zero_optimization.X (one spelling for table lookups)."""
-    if path.startswith("zero_optimization."):
-        leaf = path.split(".", 1)[1]
-        return "zero_optimization." + _ALIAS_TO_CANONICAL.get(leaf, leaf)
-    if path.startswith("bfloat16."):
-        return "bf16." + path.split(".", 1)[1]
-    return path
-
-
 def training_only_keys(raw: dict) -> list[str]:
-    """Keys of ``raw`` (as written) that the split table marks training-only."""
-    wanted = set(TRAINING_ONLY)
+    """Keys of ``raw`` (as written) that the schema marks training-only."""
+    def wanted(path):
+        f = lookup(path)
+        return f is not None and f.training_only
+
     out = []
     for k, v in raw.items():
-        if canonical_key(k) in wanted:
+        if wanted(k):
             out.append(k)
         if isinstance(v, dict) and k in ("zero_optimization", "fp16", "bf16", "bfloat16"):
-            out += [f"{k}.{sub}" for sub in v if canonical_key(f"{k}.{sub}") in wanted]
+            out += [f"{k}.{sub}" for sub in v if wanted(f"{k}.{sub}")]
     return out
 
 

@@ -8,6 +8,7 @@ from dsdoctor.config.effective import AUTO, Effective, _as_bool, _as_int
 from dsdoctor.config.inference_config import InferenceSettings
 from dsdoctor.config.load import LoadedConfig
 from dsdoctor.config.runner import Runner, size_from_name
+from dsdoctor.config.schema import check_section, unknown
 from dsdoctor.config.versions import (
     ACCELERATE_INT_PREFETCH,
     DEEPSPEED_AUTOTP_ZERO3,
@@ -262,9 +263,6 @@ def hybrid_engine_findings(raw: dict, eff: Effective, gpus: int | None) -> list[
     return [Finding("DSD128", {"problems": Phrase.join("and", problems), "fix": Phrase.join("and", fixes)})]
 
 
-WQ_FIELDS = {"enabled", "num_bits", "q_type", "q_groups", "quantized_initialization", "post_init_quant"}
-
-
 def weight_quantization_findings(raw: dict, eff: Effective, runner: Runner) -> list[Finding]:
     wq = raw.get("weight_quantization")
     if wq is None:
@@ -272,11 +270,8 @@ def weight_quantization_findings(raw: dict, eff: Effective, runner: Runner) -> l
     out = []
     if not isinstance(wq, dict):
         return [Finding("DSD114", {"key": "weight_quantization", "why": f"must be an object, not {wq!r}"})]
-    for k in wq:
-        if k not in WQ_FIELDS:
-            out.append(Finding("DSD114", {"key": f"weight_quantization.{k}",
-                                          "why": "unknown key: WeightQuantConfig forbids extra keys and raises a "
-                                                 "ValidationError"}))
+    for key, why in unknown(check_section(wq, "weight_quantization", "weight_quantization.")[0]):
+        out.append(Finding("DSD114", {"key": key, "why": why}))
     qi, pq = wq.get("quantized_initialization"), wq.get("post_init_quant")
     if qi:
         bits = qi.get("num_bits", "?") if isinstance(qi, dict) else "?"

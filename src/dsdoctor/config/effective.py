@@ -20,47 +20,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dsdoctor.config.schema import (  # noqa: F401  (re-exported: other modules read them from here)
-    BF16_FIELDS,
-    FP16_FIELDS,
-    OFFLOAD_OPTIMIZER_FIELDS,
-    OFFLOAD_OPTIMIZER_TYPES,
-    OFFLOAD_PARAM_FIELDS,
-    OFFLOAD_PARAM_TYPES,
+from dsdoctor.config.schema import (  # noqa: F401  (_as_bool, _as_int re-exported: other modules read them here)
+    DEPRECATED_REPLACED,
     REMOVED_TOP_LEVEL_KEYS,
     REMOVED_ZERO_KEYS,
     STAGE3_ALIASES,
-    ZERO_DEFAULTS,
-    ZERO_FIELDS,
-    ZERO_TYPES,
+    ZERO,
+    _as_bool,
+    _as_int,
+    _bad,
+    check_section,
+    check_value,
+    fields,
+    spellings,
+    unknown,
 )
 from dsdoctor.errors import InputError
 
 UNSET, AUTO, SET = "unset", "auto", "set"
 FILLERS = ("deepspeed", "hf-trainer")
 DEVICES = ("none", "cpu", "nvme")
-
-def _type_errors(section: dict | None, types: dict, where: str, invalid: list, aliases: dict | None = None) -> None:
-    """Append (key, why) for every scalar DeepSpeed's pydantic model would reject ("auto" is dropped there)."""
-    for key, value in (section or {}).items():
-        kind = types.get((aliases or {}).get(key, key))
-        if kind is None or value == AUTO:
-            continue
-        path = f"{where}{key}"
-        try:
-            if kind == "optbool":
-                if value is not None:
-                    _as_bool(path, value)
-            elif kind == "bool":
-                _as_bool(path, value)
-            elif kind == "ratio":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                    raise _bad(path, f"must be a number between 0 and 1, not {value!r}")
-            else:
-                _as_int(path, value, minimum=kind[1] if kind[1] is not None else -(2**63))
-        except InputError as exc:
-            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
-
 
 @dataclass
 class Value:
@@ -157,46 +136,6 @@ class Effective:
         }
 
 
-# --- value parsing (the coercions pydantic's lax mode applies) ------------------------------------------
-
-def _bad(key: str, problem: str):
-    return InputError(f"{key}: {problem}")
-
-
-def _as_int(key: str, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool):
-        out = int(value)  # pydantic accepts true/false as 1/0
-    elif isinstance(value, int):
-        out = value
-    elif isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")) or not value.is_integer():
-            raise _bad(key, f"must be a whole number, not {value!r}")
-        if abs(value) >= 2**63:
-            raise _bad(key, f"is too large: {value!r}")
-        out = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        out = int(value.strip())
-    else:
-        raise _bad(key, f"must be an integer, not {value!r}")
-    if out < minimum:
-        raise _bad(key, f"must be >= {minimum}, not {out}")
-    return out
-
-
-_TRUE = {"true", "1", "yes", "on", "t", "y"}
-_FALSE = {"false", "0", "no", "off", "f", "n"}
-
-
-def _as_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise _bad(key, f"must be true or false, not {value!r}")
-
-
 def _bool_or_false(value: Any) -> bool:
     try:
         return _as_bool("", value)
@@ -232,7 +171,7 @@ def _section(raw: dict, key: str, where: str) -> dict | None:
 
 
 def _read_soft(section, keys, where, parse, default, *, canonical):
-    """``_read`` for values whose errors ``_type_errors`` already collected: a bad value reads as the default."""
+    """``_read`` for values whose errors ``check_section`` already collected: a bad value reads as the default."""
     try:
         return _read(section, keys, where, parse, default, canonical=canonical)
     except InputError:
@@ -255,16 +194,7 @@ def _read(section: dict | None, keys: tuple[str, ...], where: str, parse, defaul
 
 # --- the reading ---------------------------------------------------------------------------------------
 
-# deprecated zero_optimization keys with a replacing key (runtime/zero/config.py, json_schema_extra new_param)
-DEPRECATED_REPLACED = {
-    "cpu_offload": ("offload_optimizer",),
-    "cpu_offload_param": ("offload_param",),
-    "stage3_gather_fp16_weights_on_model_save": ("gather_16bit_weights_on_model_save",
-                                                 "stage3_gather_16bit_weights_on_model_save"),
-}
-
-
-def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int | None = None) -> Effective:  # noqa: C901,PLR0912,PLR0915
+def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int | None = None) -> Effective:
     """Effective settings of the DeepSpeed config dict ``raw`` as ``filler`` leaves it.
 
     ``filler="deepspeed"``: raw ``deepspeed.initialize`` (nothing fills "auto").
@@ -284,50 +214,17 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
         if key in REMOVED_TOP_LEVEL_KEYS:
             invalid.append((key, "removed in DeepSpeed 0.19: DeepSpeedConfig raises DeepSpeedConfigError"))
 
-    # zero_optimization: absent -> {}, a bool -> the legacy format (true is stage 1)
-    zraw = raw.get("zero_optimization")
-    if isinstance(zraw, bool):
-        zero: dict | None = {"stage": 1 if zraw else 0}
-    elif zraw == AUTO:
-        zero = None  # DeepSpeed would fail on a string section; treated as absent, reported as auto below
-        values["zero_optimization"] = Value("zero_optimization", AUTO, zraw, None)
-    else:
-        zero = _section(raw, "zero_optimization", "")
+    zero = _zero_section(raw, values)
     zw = "zero_optimization."
     if zero is not None:
-        for k in zero:
-            if zero[k] == AUTO and k not in REMOVED_ZERO_KEYS:
-                continue  # dropped before validation
-            if k in REMOVED_ZERO_KEYS:
-                invalid.append((zw + k, "removed in DeepSpeed 0.19: DeepSpeedConfig raises DeepSpeedConfigError"))
-            elif k not in ZERO_FIELDS:
-                why = "unknown key: DeepSpeedZeroConfig forbids extra keys and raises a ValidationError"
-                if k.startswith("_"):
-                    why += " (a leading underscore does not disable a key inside zero_optimization)"
-                invalid.append((zw + k, why))
-        for canonical, alias in STAGE3_ALIASES.items():
-            if canonical in zero and alias in zero:
-                invalid.append((zw + canonical, f"given twice, as {alias} and {canonical}"))
-        # a deprecated key and the key that replaces it, both given (even as null): DeepSpeed asserts
-        # "Cannot provide deprecated parameter ... and replacing parameter ... together" (config_utils.py)
-        for old, new_names in DEPRECATED_REPLACED.items():
-            if zero.get(old, AUTO) != AUTO and any(zero.get(n, AUTO) != AUTO for n in new_names):
-                invalid.append((zw + old, f"deprecated spelling given together with {new_names[0]}, which replaces "
-                                          "it: DeepSpeed asserts they cannot be provided together"))
-
-    _type_errors(zero, ZERO_TYPES, zw, invalid, {a: c for c, a in STAGE3_ALIASES.items()})
+        _zero_errors(zero, invalid)
     stage_v = _read(zero, ("stage",), zw, lambda k, v: _as_stage(k, v), 0, canonical="stage")
     values["zero_stage"] = stage_v
     stage = stage_v.value
 
     def knob(canonical: str, hidden_fill) -> Value:
-        keys = (STAGE3_ALIASES[canonical], canonical) if canonical in STAGE3_ALIASES else (canonical,)
-        try:
-            v = _read(zero, keys, zw, lambda k, x: _as_int(k, x), ZERO_DEFAULTS[canonical], canonical=keys[0])
-        except InputError:  # a bad knob, already in invalid (_type_errors): carry on with the default
-            key = next(k for k in keys if k in zero)
-            v = Value(zw + key, SET, zero[key], ZERO_DEFAULTS[canonical], ZERO_DEFAULTS[canonical],
-                      note="invalid: DeepSpeed rejects it")
+        f = ZERO[canonical]
+        v = _read_soft(zero, f.spellings, zw, lambda k, x: check_value(f, k, x), f.default, canonical=f.spellings[0])
         if hf and v.state == AUTO and hidden_fill is not None:
             if canonical != "reduce_bucket_size" and stage != 3:
                 v.note = "HF Trainer fills it only for stage 3: default applies"
@@ -348,63 +245,21 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
 
     offload_param = _offload(zero, "offload_param", values, invalid, param=True)
     offload_optimizer = _offload(zero, "offload_optimizer", values, invalid, param=False)
-    # legacy booleans: cpu_offload_param / cpu_offload (DeepSpeed maps them when the new key is absent)
-    if zero is not None:
-        if not offload_param.present and zero.get("cpu_offload_param") not in (None, AUTO):
-            if _bool_or_false(zero["cpu_offload_param"]):
-                offload_param.device, offload_param.present = "cpu", True
-                values["offload_param.device"] = Value(zw + "cpu_offload_param", SET, zero["cpu_offload_param"], "cpu", "none")
-        if not offload_optimizer.present and zero.get("cpu_offload") not in (None, AUTO):
-            if _bool_or_false(zero["cpu_offload"]):
-                offload_optimizer.device, offload_optimizer.present = "cpu", True
-                values["offload_optimizer.device"] = Value(zw + "cpu_offload", SET, zero["cpu_offload"], "cpu", "none")
 
     dtype = _dtype(raw, values, hf, invalid)
     tp_size, tp_source = _tensor_parallel(raw, values)
 
-    opt = raw.get("optimizer")
-    has_optimizer = opt is not None and opt != {}
-    optimizer_type = None
-    if isinstance(opt, dict):
-        optimizer_type = str(opt.get("type")) if opt.get("type") is not None else None
-    elif has_optimizer:
-        raise _bad("optimizer", f"must be an object, not {type(opt).__name__} {opt!r}")
-    sched = raw.get("scheduler")
-    has_scheduler = sched is not None and sched != {}
-    scheduler_type = str(sched.get("type")) if isinstance(sched, dict) and sched.get("type") is not None else None
-    if has_scheduler and not isinstance(sched, dict):
-        raise _bad("scheduler", f"must be an object, not {type(sched).__name__} {sched!r}")
+    has_optimizer, optimizer_type = _optional_section(raw, "optimizer")
+    has_scheduler, scheduler_type = _optional_section(raw, "scheduler")
+    _top_level_numbers(raw, values, hf)
+    for key in ("optimizer", "scheduler"):  # their params left "auto" (a crash in DeepSpeed)
+        params = raw[key].get("params") if isinstance(raw.get(key), dict) else None
+        for pk, pv in (params.items() if isinstance(params, dict) else ()):
+            if pv == AUTO:
+                note = "filled by the HF Trainer" if hf else "not filled: TypeError in DeepSpeed"
+                values[f"{key}.params.{pk}"] = Value(f"{key}.params.{pk}", AUTO, pv, None, None, note=note)
 
-    # top-level numbers: DeepSpeed passes "auto" through and crashes; the Trainer fills them
-    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                "gradient_clipping"):
-        if key in raw:
-            rv = raw[key]
-            if rv == AUTO:
-                note = "filled by the HF Trainer from TrainingArguments" if hf else "not filled: TypeError in DeepSpeed"
-                values[key] = Value(key, AUTO, rv, None, None, note=note)
-            else:
-                if key == "gradient_clipping":
-                    if isinstance(rv, bool) or not isinstance(rv, (int, float)):
-                        raise _bad(key, f"must be a number, not {rv!r}")
-                    parsed = rv
-                else:  # read with get_scalar_param: no conversion, a string or a float breaks the arithmetic
-                    if isinstance(rv, bool) or not isinstance(rv, int):
-                        raise _bad(key, f"must be an integer, not {rv!r} (DeepSpeed does not convert it)")
-                    parsed = _as_int(key, rv, minimum=1)
-                values[key] = Value(key, SET, rv, parsed, None)
-        else:
-            values[key] = Value(key, UNSET, None, None, None)
-    # optimizer / scheduler params left "auto"
-    for sect in ("optimizer", "scheduler"):
-        params = raw.get(sect, {}).get("params") if isinstance(raw.get(sect), dict) else None
-        if isinstance(params, dict):
-            for pk, pv in params.items():
-                if pv == AUTO:
-                    note = "filled by the HF Trainer" if hf else "not filled: TypeError in DeepSpeed"
-                    values[f"{sect}.params.{pk}"] = Value(f"{sect}.params.{pk}", AUTO, pv, None, None, note=note)
-
-    disabled = [k for k in raw if k.startswith("_") and k[1:] in _KNOWN_TOP_LEVEL]
+    disabled = [k for k in raw if k.startswith("_") and k[1:] in spellings("")]
 
     return Effective(
         filler=filler, zero_stage=stage, offload_param=offload_param, offload_optimizer=offload_optimizer,
@@ -420,92 +275,105 @@ def effective_settings(raw: dict, filler: str = "deepspeed", *, hidden_size: int
     )
 
 
-_KNOWN_TOP_LEVEL = {
-    "optimizer", "scheduler", "zero_optimization", "fp16", "bf16", "bfloat16", "train_batch_size",
-    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping", "tensor_parallel",
-    "activation_checkpointing", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
-}
+def _zero_section(raw: dict, values: dict) -> dict | None:
+    """zero_optimization: absent -> None, a bool -> the legacy format (true is stage 1)."""
+    zraw = raw.get("zero_optimization")
+    if isinstance(zraw, bool):
+        return {"stage": 1 if zraw else 0}
+    if zraw == AUTO:  # DeepSpeed would fail on a string section; treated as absent, reported as auto
+        values["zero_optimization"] = Value("zero_optimization", AUTO, zraw, None)
+        return None
+    return _section(raw, "zero_optimization", "")
+
+
+def _optional_section(raw: dict, key: str) -> tuple[bool, str | None]:
+    """optimizer / scheduler: present (not empty), and its type."""
+    section = raw.get(key)
+    if section is None or section == {}:
+        return False, None
+    if not isinstance(section, dict):
+        raise _bad(key, f"must be an object, not {type(section).__name__} {section!r}")
+    return True, (str(section["type"]) if section.get("type") is not None else None)
+
+
+def _zero_errors(zero: dict, invalid: list) -> None:
+    """What DeepSpeedZeroConfig rejects: removed and unknown keys, a knob given twice, a deprecated key with
+    the key that replaces it (DeepSpeed asserts, config_utils.py), then the values of wrong types."""
+    zw = "zero_optimization."
+    errors, _ok = check_section(zero, "zero_optimization", zw)
+    rejected = dict(unknown(errors))
+    for k in zero:
+        if k in REMOVED_ZERO_KEYS:
+            invalid.append((zw + k, "removed in DeepSpeed 0.19: DeepSpeedConfig raises DeepSpeedConfigError"))
+        elif zw + k in rejected:
+            invalid.append((zw + k, rejected[zw + k] + (" (a leading underscore does not disable a key inside "
+                                                        "zero_optimization)" if k.startswith("_") else "")))
+    for canonical, alias in STAGE3_ALIASES.items():
+        if canonical in zero and alias in zero:
+            invalid.append((zw + canonical, f"given twice, as {alias} and {canonical}"))
+    for old, new_names in DEPRECATED_REPLACED.items():  # both given, even as null
+        if zero.get(old, AUTO) != AUTO and any(zero.get(n, AUTO) != AUTO for n in new_names):
+            invalid.append((zw + old, f"deprecated spelling given together with {new_names[0]}, which replaces "
+                                      "it: DeepSpeed asserts they cannot be provided together"))
+    invalid += [e for e in errors if e[0] not in rejected]
+
+
+def _top_level_numbers(raw: dict, values: dict, hf: bool) -> None:
+    """Batch sizes and gradient clipping: DeepSpeed passes "auto" through and crashes; the Trainer fills them."""
+    for key, kind in ((f.name, f.type) for f in fields("") if f.type in ("count", "number")):
+        rv = raw.get(key)
+        if key not in raw:
+            values[key] = Value(key, UNSET, None, None, None)
+        elif rv == AUTO:
+            note = "filled by the HF Trainer from TrainingArguments" if hf else "not filled: TypeError in DeepSpeed"
+            values[key] = Value(key, AUTO, rv, None, None, note=note)
+        elif kind == "number":
+            if isinstance(rv, bool) or not isinstance(rv, (int, float)):
+                raise _bad(key, f"must be a number, not {rv!r}")
+            values[key] = Value(key, SET, rv, rv, None)
+        else:  # read with get_scalar_param: no conversion, a string or a float breaks the arithmetic
+            if isinstance(rv, bool) or not isinstance(rv, int):
+                raise _bad(key, f"must be an integer, not {rv!r} (DeepSpeed does not convert it)")
+            values[key] = Value(key, SET, rv, _as_int(key, rv, minimum=1), None)
 
 
 def _offload(zero: dict | None, name: str, values: dict, invalid: list, *, param: bool) -> Offload:
     zw = "zero_optimization."
-    where = f"{zw}{name}."
+    where, rows = f"{zw}{name}.", {f.name: f for f in fields(zw + name)}
     section = _section(zero, name, zw) if zero is not None else None
     if zero is not None and zero.get(name) == AUTO:
         values[f"{name}.section"] = Value(zw + name, AUTO, AUTO, None, None, note="dropped by DeepSpeed: no offload")
     if section is not None:
-        allowed = OFFLOAD_PARAM_FIELDS if param else OFFLOAD_OPTIMIZER_FIELDS
-        _type_errors(section, OFFLOAD_PARAM_TYPES if param else OFFLOAD_OPTIMIZER_TYPES, where, invalid)
-        for k in section:
-            if k not in allowed and section[k] != AUTO:
-                invalid.append((where + k, f"unknown key: the {name} config forbids extra keys and raises a "
-                                           "ValidationError"))
-    dev = _read(section, ("device",), where, _as_device, "none", canonical="device")
-    pin = _read_soft(section, ("pin_memory",), where, _as_bool, True, canonical="pin_memory")
-    nvme = _read(section, ("nvme_path",), where, lambda k, v: None if v is None else str(v), None,
-                 canonical="nvme_path")
-    bcount = _read_soft(section, ("buffer_count",), where, lambda k, v: _as_int(k, v), 5 if param else 4,
-                   canonical="buffer_count")
-    for n, v in (("device", dev), ("pin_memory", pin), ("nvme_path", nvme), ("buffer_count", bcount)):
-        values[f"{name}.{n}"] = v
-    off = Offload(device=dev.value, pin_memory=pin.value, nvme_path=nvme.value, buffer_count=bcount.value,
-                  present=section is not None)
-    if param:
-        off.buffer_size = _read_soft(section, ("buffer_size",), where, lambda k, v: _as_int(k, v), 100_000_000,
-                                canonical="buffer_size").value
-        off.max_in_cpu = _read_soft(section, ("max_in_cpu",), where, lambda k, v: _as_int(k, v), 1_000_000_000,
-                               canonical="max_in_cpu").value
-    else:
-        def ratio(k, v):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-                raise _bad(k, f"must be a number between 0 and 1, not {v!r}")
-            return float(v)
-        off.ratio = _read_soft(section, ("ratio",), where, ratio, 1.0, canonical="ratio").value
-    off.values = {n: values[f"{name}.{n}"] for n in ("device", "pin_memory", "nvme_path", "buffer_count")}
+        errors, _ok = check_section(section, zw + name, where)
+        invalid += [e for e in errors if e not in unknown(errors)] + unknown(errors)
+
+    def read(n: str) -> Value:
+        f = rows[n]
+        return _read_soft(section, (n,), where, lambda k, v: check_value(f, k, v), f.default, canonical=n)
+
+    off = Offload(device="none", pin_memory=True, nvme_path=None, buffer_count=0, present=section is not None)
+    for n in ("device", "pin_memory", "nvme_path", "buffer_count", *(("buffer_size", "max_in_cpu") if param
+                                                                    else ("ratio",))):
+        if n == "device":
+            v = _read(section, (n,), where, _as_device, rows[n].default, canonical=n)
+        elif n == "nvme_path":
+            v = _read(section, (n,), where, lambda k, x: None if x is None else str(x), None, canonical=n)
+        else:
+            v = read(n)
+        setattr(off, n, v.value)
+        if n in ("device", "pin_memory", "nvme_path", "buffer_count"):
+            values[f"{name}.{n}"] = off.values[n] = v
+    legacy = next(f.name for f in fields(zw[:-1]) if f.replaced_by == name)  # cpu_offload_param, cpu_offload
+    if zero is not None and not off.present and zero.get(legacy) not in (None, AUTO) and _bool_or_false(zero[legacy]):
+        off.device, off.present = "cpu", True  # DeepSpeed maps the legacy boolean when the new key is absent
+        values[f"{name}.device"] = Value(zw + legacy, SET, zero[legacy], "cpu", "none")
     return off
-
-
-_PRECISION_TYPES = {"loss_scale": "float", "initial_scale_power": "int", "loss_scale_window": "int",
-                    "hysteresis": "int", "min_loss_scale": "int"}
 
 
 def _precision_errors(section: dict, name: str, key: str, invalid: list) -> None:
     """DeepSpeedFP16Config / DeepSpeedBF16Config validation (runtime/precision_config.py), collected."""
-    import math
-
-    allowed = FP16_FIELDS if name == "fp16" else BF16_FIELDS
-    values = {k: v for k, v in section.items() if v != AUTO}  # "auto" is dropped before validation
-    ok: dict[str, Any] = {}
-    for k, v in values.items():
-        path = f"{key}.{k}"
-        if k not in allowed:
-            invalid.append((path, f"unknown key: the {name} config forbids extra keys and raises a ValidationError"))
-            continue
-        kind = _PRECISION_TYPES.get(k, "bool")
-        try:
-            if k == "loss_scale":
-                if isinstance(v, bool):
-                    raise _bad(path, "must be a number, not bool")
-                try:
-                    f = float(v)
-                except (TypeError, ValueError):
-                    raise _bad(path, f"must be a number, not {v!r}") from None
-                if not math.isfinite(f) or f < 0:
-                    raise _bad(path, f"must be a finite number >= 0, not {v!r}")
-                ok[k] = f
-            elif kind == "int":
-                if k in ("loss_scale_window", "min_loss_scale"):
-                    if isinstance(v, bool):
-                        raise _bad(path, "must be an integer, not bool")
-                    try:
-                        int(v)
-                    except (TypeError, ValueError, OverflowError):
-                        raise _bad(path, f"must be an integer, not {v!r}") from None
-                ok[k] = _as_int(path, v, minimum=-(2**63))
-            else:
-                ok[k] = _as_bool(path, v)
-        except InputError as exc:
-            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (a ValidationError in DeepSpeed)"))
+    errors, ok = check_section(section, name, f"{key}.")
+    invalid += errors
     if name == "fp16" and ok.get("enabled", False) and ok.get("loss_scale", 0) == 0:
         for k in ("loss_scale_window", "min_loss_scale"):
             if k in ok and ok[k] <= 0:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsdoctor.config.effective import _as_bool, _as_int
-from dsdoctor.config.schema import ZERO_FIELDS
-from dsdoctor.errors import InputError
+from dsdoctor.config.schema import INFERENCE, check_section, lookup, unknown
 
 # DtypeEnum spellings (inference/config.py) -> our name
 DTYPE_SPELLINGS = {
@@ -17,16 +15,6 @@ DTYPE_SPELLINGS = {
     "bf16": ("torch.bfloat16", "bf16", "bfloat16", "bfloat"),
     "int8": ("torch.int8", "int8"),
 }
-_BOOLS = {"replace_with_kernel_inject", "kernel_inject", "enable_cuda_graph", "use_triton", "triton_autotune",
-          "triangular_masking", "tm", "keep_module_on_host", "set_empty_params", "return_tuple", "transposed_mode"}
-_INTS = {"mp_size": None, "training_mp_size": None, "ep_size": None, "max_out_tokens": 1, "max_tokens": 1,
-         "min_out_tokens": None, "min_tokens": None}
-TP_FIELDS = {"enabled": "bool", "tp_size": "int", "tp_grain_size": "int", "mpu": None, "tp_group": None}
-MOE_FIELDS = {"enabled": "bool", "ep_size": "int", "moe_experts": None, "num_experts": None, "type": None,
-              "ep_mp_group": None, "ep_group": None, "expert_group": None}
-QUANT_FIELDS = {"enabled": "bool", "activation": None, "weight": None, "qkv": None}
-CKPT_FIELDS = {"checkpoint_dir": None, "save_mp_checkpoint_path": None, "base_dir": None}
-
 
 @dataclass
 class InferenceSettings:
@@ -56,116 +44,56 @@ def dtype_name(value) -> str | None:
     return None
 
 
-def _section(raw: dict, where: str, fields: dict, invalid: list) -> dict:
-    """Validate a nested model (extra keys forbidden); returns the valid scalars read."""
-    out = {}
-    for k, v in raw.items():
-        path = f"{where}.{k}"
-        if k not in fields:
-            invalid.append((path, "unknown key: the model forbids extra keys (ValidationError)"))
-            continue
-        try:
-            if fields[k] == "bool":
-                out[k] = _as_bool(path, v)
-            elif fields[k] == "int":
-                out[k] = _as_int(path, v, minimum=-(2**63))
-        except InputError as exc:
-            invalid.append((path, exc.problem.split(": ", 1)[-1] + " (ValidationError)"))
-    return out
+def _section(raw: dict, name: str, where: str, invalid: list) -> dict:
+    """Validate a nested model (extra keys forbidden); returns the valid values read."""
+    errors, ok = check_section(raw, f"init_inference.{name}", f"{where}.", INFERENCE)
+    invalid += errors
+    return ok
 
 
-def read_inference_config(raw: dict) -> InferenceSettings:  # noqa: C901,PLR0912,PLR0915
-    invalid: list[tuple[str, str]] = []
-    for k, v in raw.items():
-        if k in _BOOLS:
-            try:
-                _as_bool(k, v)
-            except InputError as exc:
-                invalid.append((k, exc.problem.split(": ", 1)[-1] + " (ValidationError)"))
-        elif k in _INTS:
-            try:
-                n = _as_int(k, v, minimum=-(2**63))
-                if _INTS[k] is not None and n < _INTS[k]:
-                    invalid.append((k, f"must be > 0, not {n} (ValidationError)"))
-            except InputError as exc:
-                invalid.append((k, exc.problem.split(": ", 1)[-1] + " (ValidationError)"))
-    dtype, dtype_set = "fp16", "dtype" in raw
-    if dtype_set:
-        value = raw["dtype"]
-        if not isinstance(value, str):
-            invalid.append(("dtype", f"must be a string such as \"bf16\", not {value!r} (TypeError in the validator)"))
-        elif dtype_name(value) is None:
-            invalid.append(("dtype", f"'{value}' is not a valid DtypeEnum: use fp16, bf16, fp32 or int8 "
-                                     "(or torch.float16, bfloat16, ...)"))
-        else:
-            dtype = dtype_name(value)
+def read_inference_config(raw: dict) -> InferenceSettings:
+    errors, top = check_section(raw, "init_inference", "", INFERENCE)
+    invalid = [e for e in errors if e not in unknown(errors)]  # its unknown keys are DSD104's
+    dtype, dtype_set = _dtype(raw, invalid)
     tp_size, tp_source = 1, None
     for key in ("tensor_parallel", "tp"):
-        tp = raw.get(key)
-        if tp is None:
-            continue
-        if not isinstance(tp, dict):
-            invalid.append((key, f"must be an object, not {type(tp).__name__}"))
-            continue
-        got = _section(tp, key, TP_FIELDS, invalid)
-        if got.get("tp_size", 1) > 1 and got.get("enabled", True):
-            tp_size, tp_source = got["tp_size"], f"{key}.tp_size"
-    if tp_source is None and "mp_size" in raw:
-        try:
-            mp = _as_int("mp_size", raw["mp_size"], minimum=-(2**63))
-            if mp > 1:
-                tp_size, tp_source = mp, "mp_size (deprecated: tensor_parallel.tp_size)"
-        except InputError:
-            pass
-    moe = raw.get("moe")
-    if isinstance(moe, dict):
-        _section(moe, "moe", MOE_FIELDS, invalid)
-    elif moe is not None and not isinstance(moe, bool):
-        invalid.append(("moe", f"must be true/false or an object, not {moe!r}"))
-    quant = raw.get("quant")
-    if isinstance(quant, dict):
-        _section(quant, "quant", QUANT_FIELDS, invalid)
-    elif quant is not None:
-        invalid.append(("quant", f"must be an object, not {quant!r}"))
-    for key in ("checkpoint_config", "ckpt_config"):
         if isinstance(raw.get(key), dict):
-            _section(raw[key], key, CKPT_FIELDS, invalid)
-    ckpt = raw.get("checkpoint")
-    if ckpt is not None and not isinstance(ckpt, (str, dict)):
-        invalid.append(("checkpoint", f"must be a path or an object, not {ckpt!r}"))
-    zero = raw.get("zero")
-    if zero is not None:
-        if not isinstance(zero, dict):
-            invalid.append(("zero", f"must be an object, not {zero!r}"))
-            zero = None
-        else:
-            for k in zero:
-                if k not in ZERO_FIELDS and zero[k] != "auto":
-                    invalid.append((f"zero.{k}", "unknown key: DeepSpeedZeroConfig forbids extra keys (ValidationError)"))
-    for key in ("injection_policy", "injection_dict", "config", "args"):
-        if raw.get(key) is not None and not isinstance(raw[key], dict):
-            invalid.append((key, f"must be an object, not {raw[key]!r}"))
-
-    def flag(*keys, default=False):
-        for k in keys:
-            if k in raw:
-                try:
-                    return _as_bool(k, raw[k])
-                except InputError:
-                    return default
-        return default
-
-    try:
-        max_out = _as_int("max_out_tokens", raw.get("max_out_tokens", raw.get("max_tokens", 1024)), minimum=-(2**63))
-    except InputError:
-        max_out = 1024
+            got = _section(raw[key], "tensor_parallel", key, invalid)
+            if got.get("tp_size", 1) > 1 and got.get("enabled", True):
+                tp_size, tp_source = got["tp_size"], f"{key}.tp_size"
+    if tp_source is None and top.get("mp_size", 1) > 1:
+        tp_size, tp_source = top["mp_size"], f"mp_size (deprecated: {lookup('init_inference.mp_size').replaced_by})"
+    for key, name in (("moe", "moe"), ("quant", "quant"), ("checkpoint_config", "checkpoint_config"),
+                      ("ckpt_config", "checkpoint_config")):
+        if isinstance(raw.get(key), dict):
+            _section(raw[key], name, key, invalid)
+    ckpt, zero = raw.get("checkpoint"), raw.get("zero")
+    if isinstance(zero, dict):
+        invalid += unknown(check_section(zero, "zero_optimization", "zero.", INFERENCE)[0])
+    else:
+        zero = None
     settings = InferenceSettings(
         dtype=dtype, dtype_set=dtype_set, tp_size=tp_size, tp_source=tp_source,
-        kernel_inject=flag("replace_with_kernel_inject", "kernel_inject"), enable_cuda_graph=flag("enable_cuda_graph"),
-        max_out_tokens=max_out, checkpoint=ckpt if isinstance(ckpt, str) else ("dict" if isinstance(ckpt, dict) else None),
+        kernel_inject=top.get("replace_with_kernel_inject", False), enable_cuda_graph=top.get("enable_cuda_graph", False),
+        max_out_tokens=top.get("max_out_tokens", 1024),
+        checkpoint=ckpt if isinstance(ckpt, str) else ("dict" if isinstance(ckpt, dict) else None),
         zero=zero, invalid=invalid, zero_source="zero" if zero is not None else None,
     )
     return settings if zero is not None else _with_handed_zero(raw, settings)
+
+
+def _dtype(raw: dict, invalid: list) -> tuple[str, bool]:
+    if "dtype" not in raw:
+        return "fp16", False
+    value = raw["dtype"]
+    if not isinstance(value, str):
+        invalid.append(("dtype", f"must be a string such as \"bf16\", not {value!r} (TypeError in the validator)"))
+    elif dtype_name(value) is None:
+        invalid.append(("dtype", f"'{value}' is not a valid DtypeEnum: use fp16, bf16, fp32 or int8 "
+                                 "(or torch.float16, bfloat16, ...)"))
+    else:
+        return dtype_name(value), True
+    return "fp16", True
 
 
 def _with_handed_zero(raw: dict, settings: InferenceSettings) -> InferenceSettings:

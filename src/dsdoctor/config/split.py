@@ -1,7 +1,7 @@
 """``dsdoctor split``: write the inference config of a training config.
 
 Keeps the ZeRO stage (3) and offload_param; drops the optimizer, scheduler, offload_optimizer, gradient and
-loss-scale keys and everything else the table in ``split_table`` marks; resolves every "auto" (from the
+loss-scale keys and everything else the schema table (``schema.py``) marks; resolves every "auto" (from the
 model where it depends on the model, else to what DeepSpeed would use) unless ``keep_auto``; keeps or sets
 ``train_micro_batch_size_per_gpu`` because ``deepspeed.initialize`` requires a batch size. The input is never
 mutated; the output is written atomically and never overwritten without ``force``.
@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.config.check import canonical_key, check, read_both
+from dsdoctor.config.check import check, read_both
 from dsdoctor.config.effective import AUTO
 from dsdoctor.config.load import LoadedConfig, load_config
-from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_DEFAULTS, ZERO_FIELDS
-from dsdoctor.config.split_table import BY_KEY
+from dsdoctor.config.schema import REMOVED_TOP_LEVEL_KEYS, ZERO_FIELDS, lookup
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding
 from dsdoctor.i18n import LANGS, fill, message_table, pick
@@ -142,7 +141,11 @@ def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tupl
     changes: list[Change] = []
 
     def row_reason(key):
-        return BY_KEY[canonical_key(key)].reason
+        return lookup(key).reason
+
+    def dropped(path):
+        f = lookup(path)
+        return f is not None and f.split == "drop"
 
     def drop(container, key, path, reason):
         changes.append(Change(path, "drop", container[key], None, reason))
@@ -156,7 +159,7 @@ def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tupl
     for key in list(new):
         if key in REMOVED_TOP_LEVEL_KEYS:
             drop(new, key, key, TEXT["rejected"])
-        elif canonical_key(key) in BY_KEY and BY_KEY[canonical_key(key)].action == "drop":
+        elif dropped(key):
             drop(new, key, key, row_reason(key))
 
     # precision sections: loss scaling goes, "auto" enabled is resolved from the model
@@ -167,9 +170,8 @@ def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tupl
             continue
         for sub in list(section):
             path = f"{sect}.{sub}"
-            row = BY_KEY.get(canonical_key(path))
-            if row and row.action == "drop":
-                drop(section, sub, path, row.reason)
+            if dropped(path):
+                drop(section, sub, path, row_reason(path))
         if section.get("enabled") == AUTO and not keep_auto:
             want = model_dtype == ("fp16" if sect == "fp16" else "bf16")
             reason = row_reason(f"{sect}.enabled")
@@ -186,13 +188,12 @@ def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tupl
                 resolve(zero, "stage", "zero_optimization.stage", new_stage, row_reason("zero_optimization.stage"))
         for sub in list(zero):
             path = f"zero_optimization.{sub}"
-            row = BY_KEY.get(canonical_key(path))
             if path in invalid or sub not in ZERO_FIELDS:
                 drop(zero, sub, path, TEXT["rejected"])
             elif sub == "offload_param" and new_stage < 3:
                 drop(zero, sub, path, TEXT["below stage 3"])
-            elif row and row.action == "drop":
-                drop(zero, sub, path, row.reason)
+            elif dropped(path):
+                drop(zero, sub, path, row_reason(path))
         op = zero.get("offload_param")
         if isinstance(op, dict):
             for sub in list(op):
@@ -211,13 +212,12 @@ def _training_to_inference(loaded: LoadedConfig, model, keep_auto: bool) -> tupl
                 if zero[sub] != AUTO or sub == "stage":
                     continue
                 path = f"zero_optimization.{sub}"
-                canonical = canonical_key(path).split(".", 1)[1]
-                value = fills.get(canonical) or ZERO_DEFAULTS.get(canonical)
+                f = lookup(path)
+                value = fills.get(f.name) or (f.default if f.split == "resolve" else None)
                 if value is None:
                     drop(zero, sub, path, TEXT["auto dropped"])
                 else:
-                    resolve(zero, sub, path, value, row_reason(path) if canonical_key(path) in BY_KEY
-                            else TEXT["auto dropped"])
+                    resolve(zero, sub, path, value, f.reason)
 
     # anything else DeepSpeed rejects (DSD114), wherever it sits, if an earlier rule did not already take it
     for path, _why in eff.invalid_keys:
