@@ -27,9 +27,9 @@ compute stream whenever a layer computes longer than it gathers (a long prefill)
 new segments for what it gathers meanwhile: 2 x H200, Llama-3.1-8B shape, batch 8, prompt 2048: 13.8 GiB
 allocated, 21.7 GiB reserved. The replay runs clocks for the host, the gather stream and the compute stream
 from the machine's figures (``Timing``) on several ranks, which reproduces that record within 1.1%. On one
-rank with offload the host waits for every copy; the clocks are not used there. What they would add on one
-rank was measured (up to -33% at batch 16 x prompt 2048, bench/speed run 6) but they did not reproduce it
-case by case.
+rank with offload the host waits for every copy and runs ahead only of a long prefill (-33% without the clocks
+at batch 16 x prompt 2048, bench/speed run 6); there plan keeps the larger of the replays with and without
+them (``paths.base.replay``), and adds ``held_split_bytes``.
 """
 from __future__ import annotations
 
