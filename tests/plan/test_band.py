@@ -32,8 +32,11 @@ def test_band_data_covers_every_measured_family_with_provenance():
         for fig in ("allocated", "reserved"):
             b = figures[fig]
             assert b["n"] > 0 and b["low"] <= b["high"] and b["runs"] and b["gpus"] and b["dates"], (fam, fig)
-    # the known misses are in the data: zero3-offload reserved up to 49% above plan on one H200 (edge run 1)
-    assert data["families"]["zero3-offload"]["reserved"]["high"] > 1.4
+    # the known misses are in the data: zero3-offload reserved up to 14% above plan on one H200 (releases a long
+    # prefill holds, speed run 6; 49% before the one-rank clocks and the held split), and below it by up to 22%
+    # where no hold split the largest parameter's block
+    offload = data["families"]["zero3-offload"]["reserved"]
+    assert 1.1 < offload["high"] < 1.2 and offload["low"] < 0.8
 
 
 @pytest.mark.process

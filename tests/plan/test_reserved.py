@@ -71,6 +71,22 @@ def test_gathers_on_their_own_stream_do_not_share_blocks():
     assert a.reserved == 200 * MiB
 
 
+def test_equal_fits_go_to_the_newest_segment():
+    """Among free blocks of one size the caching allocator takes the lowest address (``BlockComparatorSize``), and
+    the driver hands out new segments below the old ones (edge run 1's histories: most segments lay below every
+    older one), so the newest segment's block serves first. Taking the oldest one's would strand a block here."""
+    a = Allocator()
+    a.malloc(1, 40 * MiB)  # segment A
+    a.malloc(2, 30 * MiB)  # segment B, newer
+    a.release(1)
+    a.malloc(3, 10 * MiB)  # A: 10 live, 30 free
+    a.release(2)  # two free 30 MiB blocks: A's and B's
+    a.malloc(4, 30 * MiB)  # B's, the newer
+    a.release(3)  # A merges back to 40 MiB free
+    a.malloc(5, 40 * MiB)
+    assert a.reserved == 70 * MiB  # the oldest-first choice needed a third segment (110 MiB)
+
+
 def _plan(batch, alloc_conf=""):
     return plan(EXAMPLES / "llama-7b", batch=batch, prompt_len=1024, new_tokens=16, gpus=1, gpu_memory="141GB",
                 host_memory="1TiB", detect=False, alloc_conf=alloc_conf)
@@ -153,7 +169,8 @@ def test_the_replayed_gather_sequence_is_the_recorded_one_and_so_is_the_reserved
     original = R.simulate
 
     def spy(name, *args, **kw):
-        if name != "zero3-offload" or kw.get("expandable") or (len(args) > 4 and args[4]):
+        if name != "zero3-offload" or kw.get("expandable") or (len(args) > 4 and args[4]) or (
+                len(args) > 7 and args[7] is not None):  # the replay without the clocks (the host waits)
             return original(name, *args, **kw)
         a = original(name, *args, **kw)
         log.append(a)
@@ -188,7 +205,10 @@ def test_the_replayed_gather_sequence_is_the_recorded_one_and_so_is_the_reserved
                 if stream != 0 and action in ("alloc", "free_requested") and size >= MiB]
     assert len(replayed) > 4000
     assert replayed == recorded[:len(replayed)]
-    assert abs(res.path("zero3-offload").gpu_reserved_bytes - 5.127 * 2**30) < 0.02 * 5.127 * 2**30
+    # this run held no release long enough to split the embedding's block (``held_split_bytes``): plan's figure is
+    # the recorded peak plus that one 1002 MiB segment, an upper figure here
+    got = res.path("zero3-offload").gpu_reserved_bytes
+    assert abs(got - 1002 * MiB - 5.127 * 2**30) < 0.02 * 5.127 * 2**30
 
 
 def test_the_replay_cache_never_hands_one_models_result_to_another(monkeypatch):
@@ -246,3 +266,78 @@ def test_two_rank_zero3_reserved_follows_the_releases_the_compute_stream_holds(t
                host_memory=2**40, detect=False, gpu_name="H200")
     got = res.path("zero3").gpu_reserved_bytes / 2**30
     assert abs(got - measured_gib) <= 0.10 * measured_gib, (got, measured_gib)
+
+
+# --- edge run 1's allocator histories (bench/plan/runs/edge-run1.tar.gz, one H200, uncapped runs) ---
+
+EDGE_RUN1 = DATA.parents[1] / "bench" / "plan" / "runs" / "edge-run1.tar.gz"
+
+
+def _edge_history(case: str) -> list:
+    import io
+    import tarfile
+
+    with tarfile.open(EDGE_RUN1) as outer:
+        inner = tarfile.open(fileobj=io.BytesIO(outer.extractfile("edge-run.tar.gz").read()))
+        raw = inner.extractfile(f"jobs/hist-{case}-uncapped.jsonl.gz").read()
+    return [json.loads(line) for line in gzip.decompress(raw).decode().splitlines()]
+
+
+def _fed(events: list, free_at: str) -> tuple[int, list]:
+    """The allocator model fed a history's own allocations, each freed at ``free_at`` (free_completed: when the
+    recorded stream event let the block go; free_requested: the moment the program released it)."""
+    a, ids, segments = Allocator(), {}, []
+    for n, (action, addr, size, stream) in enumerate(events):
+        if action == "alloc":
+            ids[addr] = n
+            before = a.reserved
+            a.malloc(n, size, 0 if stream == 0 else 1)
+            if a.reserved > before:
+                segments.append((0 if stream == 0 else 1, a.reserved - before))
+        elif action == free_at and addr in ids:
+            a.release(ids.pop(addr))
+    return a.peak_reserved, segments
+
+
+@pytest.mark.parametrize("case", ["llama2-7b-plain-b16-p256-n16", "qwen2-7b-zero3-offload-b1-p2048-n8"])
+def test_the_allocator_model_fed_a_recorded_history_reproduces_its_reserved_peak(case):
+    """The plain one needs the newest-segment-first choice (oldest first: 16.05 GiB of 16.55)."""
+    events = _edge_history(case)
+    recorded = sum(size for action, _a, size, _s in events if action == "segment_alloc")  # never released
+    assert _fed(events, "free_completed")[0] == recorded
+
+
+def test_a_release_held_past_the_next_gather_costs_one_segment_of_the_largest_parameter(tmp_path):
+    """One rank, offload_param: DeepSpeed frees a gathered parameter with ``record_stream``, and the host waits
+    only for the copies, so now and then a release is not reusable at the next gather. The same history with
+    every release taken at once has exactly one segment fewer, on the gather stream, of the largest gathered
+    parameter's size (Qwen2-7B's 1039.5 MiB embedding and output layer); plan adds that segment."""
+    from dsdoctor.plan.reserved import held_split_bytes
+    from dsdoctor.plan.schedule import Gather
+
+    events = _edge_history("qwen2-7b-zero3-offload-b1-p2048-n8")
+    held, held_segments = _fed(events, "free_completed")
+    at_once, segments = _fed(events, "free_requested")
+    extra = list(held_segments)
+    for seg in segments:
+        extra.remove(seg)
+    assert extra == [(1, 1040 * MiB)] and held - at_once == 1040 * MiB
+    largest = 152064 * 3584  # vocab x hidden
+    assert held_split_bytes(Gather(world=1, zero3=True, offload="cpu"), 2, [largest, 10**6]) == 1040 * MiB
+    assert held_split_bytes(Gather(world=1, zero3=True), 2, [largest]) == 0  # nothing gathered from the host
+
+
+def test_one_rank_offload_counts_the_releases_a_long_prefill_holds(tmp_path):
+    """One H200, offload_param, Llama-3.1-8B shape at batch 16 x prompt 2048 (edge run 1, history recorded): 18.84
+    GiB reserved for 9.89 allocated, 5.6 GiB of it released layers the compute stream still held. The replay
+    without clocks gives 12.6 GiB (-33%); with the host, copy and compute clocks (and the held split) within 8%."""
+    from dsdoctor.plan import reserved as R
+
+    d = tmp_path / "llama-8b"
+    d.mkdir()
+    (d / "config.json").write_text((HISTORY / "llama-8b-config.json").read_text())
+    R._CACHE.clear()
+    res = plan(d, batch=16, prompt_len=2048, new_tokens=4, dtype="bf16", gpus=1, gpu_memory=141 * 10**9,
+               host_memory=2**40, detect=False, gpu_name="H200", alloc_conf="")
+    got = res.path("zero3-offload").gpu_reserved_bytes / 2**30
+    assert 0.92 * 18.84 <= got <= 1.08 * 18.84, got

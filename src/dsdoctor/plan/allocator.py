@@ -1,6 +1,7 @@
 """A model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``): it rounds requests (to
 512 bytes; segments of 2 MiB for requests up to 1 MiB, 20 MiB for requests under 10 MiB, larger ones rounded to
-2 MiB), serves a request from the smallest cached free block that fits, splits it (large pool: when more than
+2 MiB), serves a request from the smallest cached free block that fits (among equal fits the lowest address; the
+driver maps new segments below the old ones, so the newest serves first), splits it (large pool: when more than
 1 MiB would remain), merges neighbours when freed, and asks CUDA for a new segment when no free block fits. With
 ``expandable_segments:True`` a pool is one segment that grows by mapping 2 MiB pages. ``reserved.py`` feeds
 it the allocations of a run."""
@@ -65,8 +66,8 @@ class Allocator:
         return size
 
     def _new_segment(self, size: int) -> int:
+        self._next_seg -= 1  # below every older segment: sorts first among equal sizes
         seg = self._next_seg
-        self._next_seg += 1
         self.seg_end[seg] = size
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -77,7 +78,7 @@ class Allocator:
         small = size <= SMALL_REQUEST
         key = (small, stream)
         pool = self.free.setdefault(key, [])
-        i = bisect.bisect_left(pool, (size, -1, -1))
+        i = bisect.bisect_left(pool, (size, -math.inf, -1))
         if i < len(pool):
             bsize, seg, addr = pool[i]
         elif self.expandable:

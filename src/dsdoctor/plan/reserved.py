@@ -27,15 +27,15 @@ compute stream whenever a layer computes longer than it gathers (a long prefill)
 new segments for what it gathers meanwhile: 2 x H200, Llama-3.1-8B shape, batch 8, prompt 2048: 13.8 GiB
 allocated, 21.7 GiB reserved. The replay runs clocks for the host, the gather stream and the compute stream
 from the machine's figures (``Timing``) on several ranks, which reproduces that record within 1.1%. On one
-rank with offload the host waits for every copy; the clocks are not used there. What they would add on one
-rank was measured (up to -33% at batch 16 x prompt 2048, bench/speed run 6) but they did not reproduce it
-case by case.
+rank with offload the host waits for every copy and runs ahead only of a long prefill (-33% without the clocks
+at batch 16 x prompt 2048, bench/speed run 6); there plan keeps the larger of the replays with and without
+them (``paths.base.replay``), and adds ``held_split_bytes``.
 """
 from __future__ import annotations
 
 import math
 
-from dsdoctor.plan.allocator import Allocator, MiB
+from dsdoctor.plan.allocator import Allocator, MiB, round_size, segment_size
 from dsdoctor.plan.zero3_replay import Timing, Zero3Fetcher
 
 DECODE_STEPS_REPLAYED = 2  # first and last decode steps of each generate
@@ -210,20 +210,22 @@ def _forward(r: _Run, shape, batch: int, new: int, ctx: int, b: int, tp: int, kv
 
 
 def simulate(name: str, shape, wl, g, numel_of: list, expandable: bool = False, tp: int = 1,
-             training_bytes: int = 0, timing: Timing | None = None) -> Allocator:
+             training_bytes: int = 0, timing: Timing | None = None, built: bool = False) -> Allocator:
     a = Allocator(expandable)
     r = _Run(a)
     b = wl.dtype_bytes
     inv = shape.inventory
+    untied = [p.numel for alias, owner in inv.tied for p in inv.params if p.module == owner]
     # load
     if name == "plain":
         for n in numel_of:
             r.new(n * b)
+        if built:  # built from its config on the GPU: a tied output layer's own weight, until post_init ties it
+            r.free(*[r.new(n * b) for n in untied])
     elif name == "tp":
         for p in inv.params:  # AutoTP copies each sliced weight to the GPU: its share
             r.new(p.numel * b / (tp if (p.kind == "linear" and p.layer is not None) or p.kind == "lm_head" else 1))
     else:
-        untied = [p.numel for alias, owner in inv.tied for p in inv.params if p.module == owner]
         extra = []
         for k, n in enumerate(numel_of + untied):
             full = r.new(n * b)
@@ -271,24 +273,41 @@ def _shape_key(shape, numel_of) -> tuple:
             tuple(inv.tied))
 
 
+def held_split_bytes(g, b: int, numel_of: list) -> int:
+    """With offload_param, one segment of the largest gathered parameter (the embedding or output layer). DeepSpeed
+    frees a gathered parameter with ``record_stream`` on the compute stream (``free_param``); on one rank the host
+    waits only for the copy (``NoGatherHandle.wait``), so where the GPU is still computing, a release is not yet
+    reusable at the next gather. That gather then splits the one free block big enough, the one the largest
+    parameter left; lowest address first (``allocator``), the carved segment keeps serving the smaller gathers and
+    the largest parameter's next gather takes a new segment. Seven of the eleven recorded offload histories (edge
+    run 1, speed runs 3 and 6) show it: fed with every release at once they lose one such segment (one, two).
+    The replay cannot time those holds, so the segment is added."""
+    if not (g.zero3 and g.offload):
+        return 0
+    largest = max((n for n in numel_of if n > g.persistence_threshold), default=0)
+    return segment_size(round_size(largest * b)) if largest else 0
+
+
 def reserved_detail(name, shape, wl, g, peak, numel_of, expandable=False, training_bytes=0, tp=1,
-                    timing: Timing | None = None) -> tuple[int, int, int]:
+                    timing: Timing | None = None, built: bool = False) -> tuple[int, int, int]:
     """(peak reserved bytes, the most bytes of released gathers held at once, the layers they belonged to) for a
     run whose allocated peak plan puts at ``peak``: the simulated allocator's reserved peak, shifted by how far
     its own allocated peak (deferred releases not counted, as ``max_memory_allocated`` does not count them) is
-    from plan's exact one. Held bytes are only simulated with ``timing`` (the host ahead of the GPU)."""
-    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing)
+    from plan's exact one, plus ``held_split_bytes``. Held bytes are only simulated with ``timing`` (the host
+    ahead of the GPU). ``built``: the model is built from its config on the GPU (no checkpoint)."""
+    key = (_shape_key(shape, numel_of), name, wl, g, expandable, training_bytes, tp, timing, built)
     if key not in _CACHE:
-        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing)
+        a = simulate(name, shape, wl, g, numel_of, expandable, tp, training_bytes, timing, built)
         _CACHE[key] = (a.peak_reserved, a.peak_live, *a.fetcher.held_max)
         if len(_CACHE) > 256:
             _CACHE.pop(next(iter(_CACHE)))
     res, alloc, held, layers = _CACHE[key]
     slack = max(res - alloc, 0)  # what fragmentation and rounding add beyond the simulated live peak
-    return int(max(peak + slack, peak)), int(held), int(layers)
+    split = 0 if expandable else held_split_bytes(g, wl.dtype_bytes, numel_of)
+    return int(max(peak + slack, peak) + split), int(held), int(layers)
 
 
 def reserved_for(name, shape, wl, g, peak, numel_of, expandable=False, training_bytes=0, tp=1,
-                 timing: Timing | None = None) -> int:
+                 timing: Timing | None = None, built: bool = False) -> int:
     """The peak reserved bytes of ``reserved_detail``."""
-    return reserved_detail(name, shape, wl, g, peak, numel_of, expandable, training_bytes, tp, timing)[0]
+    return reserved_detail(name, shape, wl, g, peak, numel_of, expandable, training_bytes, tp, timing, built)[0]

@@ -92,19 +92,22 @@ def for_transformers(code: str | None, version: str | None) -> str | None:
 def replay(layout: Layout, ctx: PlanContext, wl: Workload, mem: PathMemory, expandable: bool = False) -> int:
     """The caching-allocator replay's reserved bytes for a path on ``layout`` whose allocated peak is ``mem``."""
     g = layout.gather
-    # the clocks of the deferred releases, on several ranks only: there the host runs ahead of the compute
-    # stream whenever a layer computes longer than it gathers (measured on 2 x H200: 21.67 GiB reserved for
-    # 13.8 allocated). On one rank with offload the host waits for every copy; the replay without clocks
-    # matches its recorded allocator history exactly, and clocks there moved some cases away from the
-    # measurement (BENCHMARKS.md, runs 3-6)
-    timing = timing_for(bool(g.offload), ctx.shape, ctx.figures) if g.zero3 and layout.world > 1 else None
+    # the clocks of the deferred releases: on several ranks the host does not wait for the GPU, so it runs ahead of
+    # the compute stream whenever a layer computes longer than it gathers (measured on 2 x H200: 21.67 GiB reserved
+    # for 13.8 allocated). On one rank with offload it waits for every copy and runs ahead only where a module
+    # computes longer than its copy (long prefills: 18.84 GiB reserved for 9.89 allocated, edge run 1); there the
+    # clocks move some cases away from the measurement (BENCHMARKS.md, runs 3-6), so the larger replay counts
+    timing = timing_for(bool(g.offload), ctx.shape, ctx.figures) if g.zero3 and (layout.world > 1 or g.offload) else None
     numel = params_numel(ctx.shape.inventory)
     args = (layout.name, ctx.shape, wl, g, mem.gpu_peak_bytes, numel, expandable)
-    reserved, held, layers = reserved_detail(*args, training_bytes=mem.training_gpu_bytes, tp=layout.tp,
-                                             timing=timing)
+    kw = dict(training_bytes=mem.training_gpu_bytes, tp=layout.tp, built=not ctx.ckpt.seen)
+    reserved, held, layers = reserved_detail(*args, timing=timing, **kw)
     if timing is not None:
-        without = reserved_for(*args, training_bytes=mem.training_gpu_bytes, tp=layout.tp, timing=None)
-        mem.reserved_assumption = host_ahead(ctx, layout, reserved, without, held, layers)
+        without = reserved_for(*args, timing=None, **kw)
+        if layout.world > 1:
+            mem.reserved_assumption = host_ahead(ctx, layout, reserved, without, held, layers)
+        else:
+            reserved = max(reserved, without)
     return reserved
 
 
