@@ -72,6 +72,13 @@ def rows_of(name: str, results: dict, run: str) -> list[dict]:
                         _row(r["case"]["path"], "reserved", est["gpu_reserved_bytes"], r["measured_reserved_bytes"], run)]
     elif name.startswith("edge"):
         for r in results["results-reestimate.json"]["rows"]:
+            if r.get("observed") == "oom" and r.get("cap_applied") and r["cap"] != "none":
+                # ran out of memory under its cap: it needed more reserved than the cap, at least the
+                # allocated peak it reached; lower bounds that can only raise the worst case
+                out += [dict(_row(r["case"]["path"], "reserved", r["plan"]["reserved"], r["cap_bytes"] + 1, run),
+                             bound="at least"),
+                        dict(_row(r["case"]["path"], "allocated", r["plan"]["allocated"], r.get("peak_allocated"), run),
+                             bound="at least")]
             if r.get("observed") != "fits":
                 continue
             out.append(_row(r["case"]["path"], "allocated", r["plan"]["allocated"], r.get("peak_allocated"), run))

@@ -25,6 +25,19 @@ def test_summarize_keeps_the_extremes_and_the_provenance():
                                            "dates": ["2026-12-01", "2026-12-02"]}}}
 
 
+def test_a_run_that_ran_out_of_memory_under_its_cap_can_only_raise_the_worst_case():
+    """hold-out set 2: a capped run that ran out of memory needed more than its cap; that is a lower bound on what
+    it measured, never a low end."""
+    rows = [{"family": "plain", "figure": "reserved", "predicted": 100, "measured": 101, "run": "a"},
+            {"family": "plain", "figure": "reserved", "predicted": 100, "measured": 97, "run": "h", "bound": "at least"},
+            {"family": "plain", "figure": "reserved", "predicted": 100, "measured": 105, "run": "h", "bound": "at least"},
+            {"family": "zero3", "figure": "reserved", "predicted": 100, "measured": 104, "run": "h", "bound": "at least"}]
+    band = summarize(rows)
+    assert (band["plain"]["reserved"]["low"], band["plain"]["reserved"]["high"]) == (1.01, 1.05)
+    assert band["plain"]["reserved"]["bounds"] == 2 and band["plain"]["reserved"]["n"] == 3
+    assert (band["zero3"]["reserved"]["low"], band["zero3"]["reserved"]["high"]) == (1.04, 1.04)  # bounds alone
+
+
 def test_band_data_covers_every_measured_family_with_provenance():
     data = archived()
     assert set(data["families"]) == {"plain", "tp", "zero3", "zero3-offload"}

@@ -38,22 +38,28 @@ def shape_key(model: dict, path: str, batch: int, prompt_len: int, new_tokens: i
 
 def summarize(rows: list[dict]) -> dict:
     """Per family and figure: the count, the lowest and highest measured / predicted, and where the runs come
-    from. A row: ``family``, ``figure``, ``predicted``, ``measured`` (bytes), ``run``, ``gpu``, ``date``."""
+    from. A row: ``family``, ``figure``, ``predicted``, ``measured`` (bytes), ``run``, ``gpu``, ``date``; with
+    ``bound`` "at least", ``measured`` is only a lower bound (a capped run that ran out of memory needed more
+    than its cap): it can raise the worst case, never the low end (``bounds`` counts them)."""
     out: dict = {}
     for r in rows:
         if not r.get("predicted") or not r.get("measured"):
             continue
         ratio = r["measured"] / r["predicted"]
-        b = out.setdefault(r["family"], {}).setdefault(r["figure"], {"n": 0, "low": ratio, "high": ratio,
+        b = out.setdefault(r["family"], {}).setdefault(r["figure"], {"n": 0, "low": None, "high": ratio,
                                                                       "runs": [], "gpus": [], "dates": []})
         b["n"] += 1
-        b["low"], b["high"] = min(b["low"], ratio), max(b["high"], ratio)
+        b["high"] = max(b["high"], ratio)
+        if r.get("bound") == "at least":
+            b["bounds"] = b.get("bounds", 0) + 1
+        else:
+            b["low"] = ratio if b["low"] is None else min(b["low"], ratio)
         for key, value in (("runs", r.get("run")), ("gpus", r.get("gpu")), ("dates", r.get("date"))):
             if value and value not in b[key]:
                 b[key] = sorted([*b[key], value])
     for figures in out.values():
         for b in figures.values():
-            b["low"], b["high"] = _rounded(b["low"], b["high"])
+            b["low"], b["high"] = _rounded(b["high"] if b["low"] is None else b["low"], b["high"])
     return {f: out[f] for f in sorted(out)}
 
 
