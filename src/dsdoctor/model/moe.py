@@ -49,15 +49,19 @@ def is_moe_layer(c: dict, model_type: str, i: int) -> bool:
     if model_type in ("qwen2_moe", "qwen3_moe"):
         step = int(c.get("decoder_sparse_step") or 1)
         return i not in (c.get("mlp_only_layers") or []) and (i + 1) % step == 0
-    if model_type.startswith("deepseek"):
-        return i >= int(c.get("first_k_dense_replace") or 0)
-    return True
+    if isinstance(c.get("moe_layers"), list):  # Llama 4 (its default: every interleave_moe_layer_step-th layer)
+        return i in c["moe_layers"]
+    if c.get("interleave_moe_layer_step"):
+        return (i + 1) % int(c["interleave_moe_layer_step"]) == 0
+    return i >= int(c.get("first_k_dense_replace") or 0)  # DeepSeek, GLM-4.5, Kimi: the first k layers dense
 
 
 def shared_intermediate(c: dict) -> tuple[int, int]:
     """(always-active experts, their intermediate size together) beside the routed ones."""
     if c.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own size
         return 1, int(c["shared_expert_intermediate_size"])
+    if c.get("intermediate_size_mlp"):  # Llama 4: one shared expert of intermediate_size, dense MLPs of _mlp
+        return 1, int(c.get("intermediate_size") or 0)
     shared = _first(c, ("n_shared_experts", "num_shared_experts"))
     return shared, shared * int(c.get("moe_intermediate_size") or 0)
 
