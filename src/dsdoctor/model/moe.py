@@ -106,6 +106,21 @@ def hang_risk(moe: MoeLayout | None, model_type: str, transformers: tuple | None
     return not _deepspeed_leaf(model_type, deepspeed, leaf_classes)
 
 
+# How transformers runs the routed experts (what plan's allocated peak counts, plan/schedule.py): 5.x's
+# experts_implementation (from_pretrained's argument, or config.json's key), grouped_mm by default; 4.x one module
+# per expert behind a one-hot mask in these families (read in 4.57.6; OLMoE runs them all), the others as 5.x.
+IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+PER_EXPERT_4X = (*SKIPS_UNCHOSEN_4X, "olmoe")
+
+
+def implementation(raw: dict, model_type: str, transformers: tuple | None) -> str:
+    """grouped_mm, batched_mm, eager or per-expert (4.x) under the user's transformers (None: the newest)."""
+    if transformers is not None and transformers < FUSED_FROM:
+        return "per-expert" if model_type in PER_EXPERT_4X else "grouped_mm"
+    chosen = raw.get("experts_implementation")
+    return chosen if chosen in IMPLEMENTATIONS else "grouped_mm"
+
+
 def _deepspeed_leaf(model_type: str, deepspeed: tuple | None, leaf_classes: list | None) -> bool:
     """DeepSpeed makes the block a leaf by itself: a release with the default list, the class in it."""
     if model_type not in DEEPSPEED_LEAVES or deepspeed is None or deepspeed < DEEPSPEED_LEAVES_FROM:
