@@ -131,7 +131,7 @@ def _measured_block_peak(model, tokens: int) -> int:
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss"]
 # how close each implementation's model comes to the recording: the looped ones run one expert's tokens at a time,
 # modelled as an even share (k/N pairs per token); the busiest expert of a tiny random router carries more, less
-# so the more tokens
+# so the more tokens (over seeds 0-2: gpt-oss eager 2-7% above the model before its share was fitted, OLMoE 4-6% below)
 TOLERANCE = {"grouped_mm": 0.02, "batched_mm": 0.02, "eager": 0.06, "per-expert": 0.06}
 
 
@@ -147,6 +147,7 @@ def test_the_moe_block_buffers_match_a_measured_forward(model_type, impl):
     cfg = dict(TINY, model_type=model_type)
     if model_type in ("mixtral", "olmoe", "gpt_oss"):  # their experts are intermediate_size wide
         cfg.pop("moe_intermediate_size")
+    torch.manual_seed(0)  # the router's choices, so the busiest expert of a looped implementation, fixed
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.bfloat16,
                                              experts_implementation=impl).eval()
     _assert_block_peak(model, cfg, impl)
@@ -209,6 +210,7 @@ def test_the_transformers_4_per_expert_block_buffers_match_a_measured_forward(mo
     cfg = dict(TINY, model_type=model_type, num_hidden_layers=1)
     if model_type == "mixtral":
         cfg.pop("moe_intermediate_size")
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.bfloat16).eval()
     _assert_block_peak(_as_transformers_4(model, cfg), cfg, "per-expert")
 
