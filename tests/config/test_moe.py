@@ -9,6 +9,7 @@ import pytest
 from dsdoctor.config.check import check
 from dsdoctor.model.moe import BLOCK_CLASS, SKIPS_UNCHOSEN_4X, hang_risk
 from dsdoctor.model.spec import load_model_spec
+from dsdoctor.units import human_bytes
 from tests.helpers import ROOT, run_cli
 
 ARCH = ROOT / "tests" / "data" / "arch_configs"
@@ -98,3 +99,24 @@ def test_the_cli_prints_both_in_chinese_too(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "DSD117" in r.stdout and "每次前向都 gather 全部专家" in r.stdout
     assert "DSD118" in r.stdout and "set_z3_leaf_modules(model, [Qwen3MoeSparseMoeBlock])" in r.stdout
+
+
+@pytest.mark.process
+def test_check_prints_the_one_count_for_every_held_out_moe(tmp_path):
+    """check's model line and DSD117 for configs no other test uses: the counter's figures (tests/model/test_moe.py
+    holds them within 2% of transformers' meta-device model)."""
+    held_out = sorted((ROOT / "tests" / "data" / "moe_held_out").glob("*.json"))
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps(Z3))
+    for path in held_out:
+        d = tmp_path / path.stem
+        d.mkdir()
+        shutil.copy(path, d / "config.json")
+        r = run_cli("check", str(cfg), "--model", str(d), "--format", "json", "--transformers-version", "5.24.0")
+        assert r.returncode == 0, r.stderr  # DSD117 is a warning
+        out, spec = json.loads(r.stdout), load_model_spec(path)
+        assert (out["model"]["num_params"], out["model"]["active_params"]) == (spec.num_params, spec.active_params)
+        f = next(f for f in out["findings"] if f["code"] == "DSD117")
+        assert f["values"]["experts"] == spec.moe.num_experts and f["values"]["layers"] == len(spec.moe.moe_layers)
+        assert f["values"]["gathered"] == human_bytes(spec.num_params * 2), path.stem
+        assert f["values"]["active"] == human_bytes(spec.active_params * 2), path.stem

@@ -15,30 +15,17 @@ from tests.helpers import ROOT
 
 ARCH = ROOT / "tests" / "data" / "arch_configs"
 
-# configs not shipped in tests/data (their published hyperparameters), with the model card's totals
-HELD_OUT = {
-    "Qwen3-235B-A22B": ({"model_type": "qwen3_moe", "hidden_size": 4096, "intermediate_size": 12288,
-                         "moe_intermediate_size": 1536, "num_hidden_layers": 94, "num_attention_heads": 64,
-                         "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
-                         "vocab_size": 151936, "tie_word_embeddings": False}, 235e9, 22e9),
-    "Mixtral-8x22B": ({"model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 16384,
-                       "num_hidden_layers": 56, "num_attention_heads": 48, "num_key_value_heads": 8,
-                       "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32768}, 141e9, 39e9),
-    "DeepSeek-V2": ({"model_type": "deepseek_v2", "hidden_size": 5120, "intermediate_size": 12288,
-                     "moe_intermediate_size": 1536, "num_hidden_layers": 60, "num_attention_heads": 128,
-                     "num_key_value_heads": 128, "n_routed_experts": 160, "n_shared_experts": 2,
-                     "num_experts_per_tok": 6, "first_k_dense_replace": 1, "q_lora_rank": 1536, "kv_lora_rank": 512,
-                     "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 102400},
-                    236e9, 21e9 + 102400 * 5120),
-    "gpt-oss-120b": ({"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
-                      "num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
-                      "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088},
-                     116.83e9, 5.13e9 + 201088 * 2880),
-    "Qwen2-57B-A14B": ({"model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
-                        "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480,
-                        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                        "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 151936}, 57.4e9, 14e9),
+HELD_OUT = ROOT / "tests" / "data" / "moe_held_out"
+# config.json files no other test uses, written by hand from each model's published config (no hub access), with
+# the model card's total and active parameters where the card states them for the text model (None: it does not)
+CARDS = {
+    "qwen3-235b-a22b": (235e9, 22e9), "mixtral-8x22b": (141e9, 39e9), "qwen2-57b-a14b": (57.4e9, 14e9),
+    "gpt-oss-120b": (116.83e9, 5.13e9 + 201088 * 2880), "deepseek-r1": (671e9, 37e9), "kimi-k2": (1.04e12, 32e9),
+    "moonlight-16b-a3b": (16e9, 3e9), "glm-4.5-air": (106e9, None), "phi-3.5-moe": (41.9e9, 6.6e9),
+    "granite-3.0-3b-a800m": (3.3e9, 0.8e9 + 49155 * 1536), "jetmoe-8b": (8.5e9, None),
+    "llama-4-scout-17b-16e": (None, 17e9), "llama-4-maverick-17b-128e": (400e9, 17e9),
 }
+
 SHIPPED = {  # tests/data/arch_configs: total, active (model cards)
     "qwen3-30b-a3b": (30.5e9, 3.3e9), "deepseek-v2-lite": (15.7e9, 2.4e9 + 102400 * 2048),
     "mixtral-8x7b": (46.7e9, 12.9e9), "olmoe-1b-7b": (6.9e9, 1.3e9), "qwen1.5-moe-a2.7b": (14.3e9, 2.7e9),
@@ -50,13 +37,28 @@ def _close(a, b, tol):
     return abs(a - b) <= tol * b
 
 
-@pytest.mark.parametrize("name", sorted(HELD_OUT))
-def test_held_out_configs_counted_within_2_percent(name):
-    raw, total, active = HELD_OUT[name]
-    spec = spec_from_config(raw, f"{name}/config.json")
-    assert _close(spec.num_params, total, 0.02), spec.num_params
-    assert _close(spec.active_params, active, 0.05), spec.active_params
-    assert spec.counted_by == "formula" and spec.moe is not None
+def test_the_held_out_set_is_the_folder():
+    assert sorted(p.stem for p in HELD_OUT.glob("*.json")) == sorted(CARDS)
+
+
+@pytest.mark.parametrize("stem", sorted(CARDS))
+def test_held_out_configs_counted_within_2_percent_of_transformers(stem):
+    """config.json's count (check, split, plan --counts formula) against transformers' own meta-device model (plan),
+    total and active, and the expert layout both give; then the card's figures."""
+    pytest.importorskip("transformers")
+    from dsdoctor.model.exact import exact_inventory
+
+    spec = load_model_spec(HELD_OUT / f"{stem}.json")
+    meta = exact_inventory(json.loads((HELD_OUT / f"{stem}.json").read_text()))
+    assert meta is not None and spec.moe is not None and meta.moe is not None
+    assert _close(spec.num_params, meta.num_params, 0.02), (spec.num_params, meta.num_params)
+    assert _close(spec.active_params, meta.active_params, 0.02), (spec.active_params, meta.active_params)
+    assert spec.moe.moe_layers == meta.moe.moe_layers
+    same = ("num_experts", "top_k", "expert_intermediate", "shared_experts", "shared_intermediate")
+    assert [getattr(spec.moe, k) for k in same] == [getattr(meta.moe, k) for k in same]
+    total, active = CARDS[stem]
+    assert total is None or _close(spec.num_params, total, 0.02), spec.num_params
+    assert active is None or _close(spec.active_params, active, 0.05), spec.active_params
 
 
 @pytest.mark.parametrize("stem", sorted(SHIPPED))

@@ -366,12 +366,35 @@ def _phi(spec, raw: dict) -> Inventory:
     return b.inventory(raw, "model.embed_tokens", head_bias=spec.vocab_size)
 
 
+def _jetmoe(spec, raw: dict) -> Inventory:
+    """JetMoE: routed experts in the attention (a shared kv_proj) and in the MLP, each with a router and a bias."""
+    c = text_config(raw)
+    h, n, inter = spec.hidden_size, routed_experts(c, "jetmoe"), spec.intermediate_size
+    kv = int(c.get("kv_channels") or spec.head_dim) * spec.num_kv_heads
+    b = _Builder()
+    b.add("model.embed_tokens", (spec.vocab_size, h), "Embedding")
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        for mod, up, down in ((f"{p}.mlp", 2 * inter, inter), (f"{p}.self_attention.experts", kv, kv)):
+            b.add(mod, (h,), "Bias", name="bias")
+            b.add(f"{mod}.input_linear", (n, up, h), "ParallelExperts", expert=True)
+            b.add(f"{mod}.output_linear", (n, h, down), "ParallelExperts", expert=True)
+            b.add(f"{mod}.router.layer", (n, h))
+        b.add(f"{p}.self_attention.kv_proj", (2 * kv, h))
+        b.norm(f"{p}.input_layernorm", h, cls="RMSNorm")
+        b.norm(f"{p}.post_attention_layernorm", h, cls="RMSNorm")
+    b.norm("model.norm", h, cls="RMSNorm")
+    inv = b.inventory(raw, "model.embed_tokens")
+    inv.moe = layout(c, "jetmoe", range(spec.num_layers), inter)
+    return inv
+
+
 BUILDERS = {
     "gemma": _llama_family, "gemma2": _llama_family, "qwen3": _llama_family, "phi3": _llama_family,
     "starcoder2": _llama_family, "mixtral": _llama_family, "qwen2_moe": _llama_family, "qwen3_moe": _llama_family,
     "olmoe": _llama_family, "deepseek_v2": _llama_family, "deepseek_v3": _llama_family, "gpt_oss": _llama_family,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "bloom": _bloom, "falcon": _falcon, "opt": _opt, "gptj": _gptj,
-    "mpt": _mpt, "phi": _phi,
+    "mpt": _mpt, "phi": _phi, "jetmoe": _jetmoe,
 }
 EXACT_TYPES = LLAMA_EXACT | set(BUILDERS)
 
@@ -397,14 +420,14 @@ def _llama(spec) -> Inventory:
             b.add(f"{p}.self_attn.{name}", (out, h), bias=qkv_bias)
         b.add(f"{p}.self_attn.o_proj", (h, nh * hd))
         b.norm(f"{p}.post_attention_layernorm", h, cls="RMSNorm")
-        if experts:
+        if is_moe_layer(raw, spec.model_type, i):
             b.add(f"{p}.mlp.gate", (experts, h))
             b.add(f"{p}.mlp.experts", (experts, 2 * moe_inter, h), "Experts", name="gate_up_proj", expert=True)
             b.add(f"{p}.mlp.experts", (experts, h, moe_inter), "Experts", name="down_proj", expert=True)
             if shared:
                 _gated_mlp(b, f"{p}.mlp.shared_experts", h, shared_inter)
         else:
-            _gated_mlp(b, f"{p}.mlp", h, inter)
+            _gated_mlp(b, f"{p}.mlp", h, int(raw.get("intermediate_size_mlp") or inter))
     b.norm("model.norm", h, cls="RMSNorm")
     if spec.tie_word_embeddings:
         inv = Inventory(b.params, tied=[("lm_head", "model.embed_tokens")])
@@ -412,7 +435,8 @@ def _llama(spec) -> Inventory:
         b.add("lm_head", (spec.vocab_size, h))
         inv = Inventory(b.params)
     inv.counted_by = "formula" if spec.model_type in EXACT_TYPES else "formula-approx"
-    inv.moe = layout(raw, spec.model_type, range(spec.num_layers) if experts else (), moe_inter)
+    moe_layers = [i for i in range(spec.num_layers) if is_moe_layer(raw, spec.model_type, i)]
+    inv.moe = layout(raw, spec.model_type, moe_layers, moe_inter)
     return inv
 
 

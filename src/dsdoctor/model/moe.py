@@ -49,15 +49,19 @@ def is_moe_layer(c: dict, model_type: str, i: int) -> bool:
     if model_type in ("qwen2_moe", "qwen3_moe"):
         step = int(c.get("decoder_sparse_step") or 1)
         return i not in (c.get("mlp_only_layers") or []) and (i + 1) % step == 0
-    if model_type.startswith("deepseek"):
-        return i >= int(c.get("first_k_dense_replace") or 0)
-    return True
+    if isinstance(c.get("moe_layers"), list):  # Llama 4 (its default: every interleave_moe_layer_step-th layer)
+        return i in c["moe_layers"]
+    if c.get("interleave_moe_layer_step"):
+        return (i + 1) % int(c["interleave_moe_layer_step"]) == 0
+    return i >= int(c.get("first_k_dense_replace") or 0)  # DeepSeek, GLM-4.5, Kimi: the first k layers dense
 
 
 def shared_intermediate(c: dict) -> tuple[int, int]:
     """(always-active experts, their intermediate size together) beside the routed ones."""
     if c.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of its own size
         return 1, int(c["shared_expert_intermediate_size"])
+    if c.get("intermediate_size_mlp"):  # Llama 4: one shared expert of intermediate_size, dense MLPs of _mlp
+        return 1, int(c.get("intermediate_size") or 0)
     shared = _first(c, ("n_shared_experts", "num_shared_experts"))
     return shared, shared * int(c.get("moe_intermediate_size") or 0)
 
@@ -100,6 +104,21 @@ def hang_risk(moe: MoeLayout | None, model_type: str, transformers: tuple | None
     if transformers is not None and transformers >= FUSED_FROM:
         return False
     return not _deepspeed_leaf(model_type, deepspeed, leaf_classes)
+
+
+# How transformers runs the routed experts (what plan's allocated peak counts, plan/schedule.py): 5.x's
+# experts_implementation (from_pretrained's argument, or config.json's key), grouped_mm by default; 4.x one module
+# per expert behind a one-hot mask in these families (read in 4.57.6; OLMoE runs them all), the others as 5.x.
+IMPLEMENTATIONS = ("grouped_mm", "batched_mm", "eager")
+PER_EXPERT_4X = (*SKIPS_UNCHOSEN_4X, "olmoe")
+
+
+def implementation(raw: dict, model_type: str, transformers: tuple | None) -> str:
+    """grouped_mm, batched_mm, eager or per-expert (4.x) under the user's transformers (None: the newest)."""
+    if transformers is not None and transformers < FUSED_FROM:
+        return "per-expert" if model_type in PER_EXPERT_4X else "grouped_mm"
+    chosen = raw.get("experts_implementation")
+    return chosen if chosen in IMPLEMENTATIONS else "grouped_mm"
 
 
 def _deepspeed_leaf(model_type: str, deepspeed: tuple | None, leaf_classes: list | None) -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from dsdoctor.config.versions import version_tuple
 from dsdoctor.gpus import gpu_facts
 from dsdoctor.gpus import run_dtype as _dtype_for_gpu
 from dsdoctor.machine import gpu_capability
 from dsdoctor.model.formulas import from_formula
 from dsdoctor.model.inventory import apply_to_spec
+from dsdoctor.model.moe import implementation
 from dsdoctor.model.spec import load_model_spec, spec_from_config
 from dsdoctor.plan import findings as plan_findings
 from dsdoctor.plan import recommend as rec
@@ -120,7 +122,8 @@ def plan_request(req: PlanRequest) -> PlanResult:
     inv = load_inventory(spec, req.counts)
     run_dtype, capability = _run_dtype(wl.dtype, hw)
     ctx = PlanContext(
-        shape=model_shape(spec, inv), wl=wl, hw=hw, figures=figures, knobs=knobs, config_path=config_path(knobs),
+        shape=model_shape(spec, inv, implementation(spec.raw, spec.model_type, version_tuple(loading["version"]))),
+        wl=wl, hw=hw, figures=figures, knobs=knobs, config_path=config_path(knobs),
         ckpt=dataclasses.replace(find_checkpoint(spec.path, inv.num_params * wl.dtype_bytes, spec.dtype),
                                  loader=loading["loader"]), model=str(model),
         run_dtype=run_dtype, loop=req.loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),

@@ -28,6 +28,7 @@ class ModelShape:
     fused_gate_up: bool = False
     # DeepSpeed 0.19.8 can inject its inference kernels (init_inference's replace_with_kernel_inject=True)
     kernel_inject: bool = False
+    experts: str = "grouped_mm"  # how the user's transformers runs routed experts (model/moe.py implementation)
 
     @property
     def q_dim(self) -> int:
@@ -38,7 +39,7 @@ class ModelShape:
 
 
 
-def model_shape(spec, inv: Inventory) -> ModelShape:
+def model_shape(spec, inv: Inventory, experts: str = "grouped_mm") -> ModelShape:
     raw = spec.raw.get("text_config") if isinstance(spec.raw.get("text_config"), dict) else spec.raw
     layers = spec.num_layers
     if inv.cache_layout and len(inv.cache_layout) == layers:  # what transformers' DynamicCache really holds
@@ -66,7 +67,8 @@ def model_shape(spec, inv: Inventory) -> ModelShape:
     return ModelShape(spec.hidden_size, spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim,
                       spec.vocab_size, layers, gated, per_layer, windows, inv.supports_logits_to_keep, inv,
                       fused_qkv="qkv_proj" in names, fused_gate_up="gate_up_proj" in names,
-                      kernel_inject=kernel_injectable(spec.model_type, spec.num_heads, spec.num_kv_heads, raw))
+                      kernel_inject=kernel_injectable(spec.model_type, spec.num_heads, spec.num_kv_heads, raw),
+                      experts=experts)
 
 
 def kernel_injectable(model_type: str, heads: int, kv_heads: int, raw: dict) -> bool:
