@@ -232,9 +232,9 @@ def test_the_replay_cache_never_hands_one_models_result_to_another(monkeypatch):
     reused = None
     build = plan_api.model_shape
 
-    def at_one_address(spec, inv):
+    def at_one_address(spec, inv, *rest):
         nonlocal reused
-        fresh = build(spec, inv)
+        fresh = build(spec, inv, *rest)
         if reused is None:
             reused = fresh
         else:
