@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.model.inventory import Inventory
-from dsdoctor.plan.schedule import Gather, Moment, gather_points, moments_of, step_kind, trace_steps
+from dsdoctor.plan.schedule import Gather, Moment, gather_points, peak_moment, step_kind, trace_steps
 from dsdoctor.plan.shape import ModelShape, kv_bytes
 from dsdoctor.zero_costs import optimizer_cost
 
@@ -213,9 +213,9 @@ def _forward_points(shape: ModelShape, b: int, tp: int, g: Gather, numel_of: lis
     return shape.point_cache[key]
 
 
-def _generate_moments(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list) -> list[tuple]:
-    """(phase, moment) of both generates: the prefill forwards (first, then with prefetch) and a decode step at
-    the longest cache."""
+def _generate_peaks(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list, fixed: int) -> list[tuple]:
+    """(phase, moment, fixed + its total) at the peak of each forward of both generates: the prefill forwards
+    (first, then with prefetch) and a decode step at the longest cache."""
     b, B, S, final = wl.dtype_bytes, wl.batch, wl.prompt_len, wl.final_len
     kv_prompt = kv_bytes(shape, B, S, b, tp)
     kv_final = kv_bytes(shape, B, final, b, tp)
@@ -226,11 +226,11 @@ def _generate_moments(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list)
     logits_decode = B * vocab * b + B * vocab * 4
     first_pts, warm_pts = _forward_points(shape, b, tp, g, numel_of)
     lm_prefill = B * logits_prefill_tokens * vocab * b
-    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
-    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill)
-    decode = moments_of(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
-                        logits_decode, B * vocab * b)
-    return [("prefill", m) for m in first + warm] + [("decode", m) for m in decode]
+    first = peak_moment(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, fixed)
+    warm = peak_moment(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, fixed)
+    decode = peak_moment(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
+                         logits_decode, B * vocab * b, fixed)
+    return [("prefill", *first), ("prefill", *warm), ("decode", *decode)]
 
 
 def _gpu_peak(layout: Layout, shape: ModelShape, wl, numel_of: list, resident: int, load_peak: int,
@@ -238,8 +238,7 @@ def _gpu_peak(layout: Layout, shape: ModelShape, wl, numel_of: list, resident: i
     """(phase, peak, parts) of the allocated peak over load and generate; ``phases`` limits the phases read."""
     fixed = resident + CUBLAS_WORKSPACE
     candidates = [("load", Moment("load", 0, 0, 0), load_peak)]
-    for phase, m in _generate_moments(shape, wl, layout.tp, layout.gather, numel_of):
-        candidates.append((phase, m, fixed + m.total))
+    candidates += _generate_peaks(shape, wl, layout.tp, layout.gather, numel_of, fixed)
     if phases:  # e.g. ab reads a generate-only peak: ("prefill", "decode")
         candidates = [c for c in candidates if c[0] in phases]
     phase, moment, peak = max(candidates, key=lambda c: c[2])

@@ -9,7 +9,7 @@
   forward on, each module's fetch prefetches up to ``stage3_prefetch_bucket_size`` more elements, bounded by
   ``stage3_max_live_parameters`` available elements; a prefetched group lands in one flat buffer that lives
   until its parameters are copied out on first use.
-* ``gather_points`` / ``moments_of``: the allocated-peak model's reading of that schedule (``memory.py``); the
+* ``gather_points`` / ``peak_moment``: the allocated-peak model's reading of that schedule (``memory.py``); the
   caching-allocator replay (``reserved.py``) reads the same schedule through ``GatherReplay``'s sink.
 """
 from __future__ import annotations
@@ -417,10 +417,12 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
     return points
 
 
-def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
-               kv_transient: float, logits_bytes: float, lm_head_bytes: float) -> list[Moment]:
-    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer."""
-    out = []
+def peak_moment(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
+                kv_transient: float, logits_bytes: float, lm_head_bytes: float, fixed: float = 0) -> tuple:
+    """Place one forward's points on a workload (activations scale with tokens, the cache grows per layer) and
+    return (the first moment with the largest ``fixed + total``, that figure). Only that moment is built: a plan
+    reads ~10^5 points per path and workload while it searches the largest batch and prompt that fit."""
+    best, best_at = None, None
     done = -1
     for pt in points:
         if pt.layer is not None:
@@ -430,5 +432,9 @@ def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, 
             kv = kv_after if done >= layers - 1 else kv_before
         kv += kv_transient if pt.attention else 0
         logits = logits_bytes if pt.end else (lm_head_bytes if pt.label.endswith("lm_head") else 0)
-        out.append(Moment(pt.label, pt.gathered, pt.level * tokens if not pt.end else 0, kv, logits))
-    return out
+        act = pt.level * tokens if not pt.end else 0
+        key = fixed + (pt.gathered + act + kv + logits)  # Moment.total's sum, in its order
+        if best is None or key > best:
+            best, best_at = key, (pt, act, kv, logits)
+    pt, act, kv, logits = best_at
+    return Moment(pt.label, pt.gathered, act, kv, logits), best
