@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.model.inventory import Inventory
-from dsdoctor.plan.schedule import Gather, Moment, gather_points, peak_moment, step_kind, trace_steps
+from dsdoctor.plan.schedule import Gather, Moment, gather_points, peak_moment, prepared, step_kind, trace_steps
 from dsdoctor.plan.shape import ModelShape, kv_bytes
 from dsdoctor.zero_costs import optimizer_cost
 
@@ -209,7 +209,8 @@ def _forward_points(shape: ModelShape, b: int, tp: int, g: Gather, numel_of: lis
     key = (tp, b, g)
     if key not in shape.point_cache:
         steps = trace_steps(shape, b, tp)
-        shape.point_cache[key] = tuple(gather_points(steps, shape.layers, b, g, pf, numel_of) for pf in (False, True))
+        shape.point_cache[key] = tuple(prepared(gather_points(steps, shape.layers, b, g, pf, numel_of))
+                                       for pf in (False, True))
     return shape.point_cache[key]
 
 
