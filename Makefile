@@ -36,7 +36,8 @@ browser:
 
 # make test: the whole suite, in parallel (pytest-xdist, one worker per core of a 2-core CI machine, handed one
 # test at a time, the slow ones first: tests/conftest.py), then the tests marked serial, alone.
-# make test-fast: only the tests that start no process (markers in pyproject.toml, enforced by tests/conftest.py).
+# make test-fast: only the tests that start no process and run no real model (markers in pyproject.toml; process
+# enforced by tests/conftest.py); make test runs every test, these included.
 # PYTEST_ARGS adds pytest options to both, e.g. make test PYTEST_ARGS=--durations=25
 JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -47,7 +48,7 @@ test: lint browser
 	$(PYTEST) -m serial || test $$? -eq 5  # 5: no test is marked serial
 
 test-fast: lint
-	$(PYTEST) $(PARALLEL) -m "not process and not deepspeed"
+	$(PYTEST) $(PARALLEL) -m "not process and not deepspeed and not slow"
 
 clean:
 	rm -rf $(VENV) dsdoctor-out

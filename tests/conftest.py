@@ -3,9 +3,10 @@
 Markers (pyproject.toml): ``process`` for a test that starts any process (the CLI as a subprocess, a script,
 a launcher), ``deepspeed`` for one that runs real DeepSpeed ranks (it starts processes too, so it counts as
 ``process``), ``serial`` for one that must not run beside other tests (make test runs those alone, after
-the parallel part). ``make test-fast`` runs ``-m "not process"``: nothing in it may start a process, and
-the guard below holds every test to its markers: a test without ``process`` (or ``deepspeed``) that starts
-one fails, naming the marker to add.
+the parallel part), ``slow`` for one that starts no process but runs a real model on the CPU for its figures
+(real generate, timed forwards). ``make test-fast`` runs ``-m "not process and not deepspeed and not slow"``:
+nothing in it may start a process, and the guard below holds every test to its markers: a test without
+``process`` (or ``deepspeed``) that starts one fails, naming the marker to add. ``make test`` runs every test.
 """
 import os
 import platform
@@ -33,10 +34,10 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("deepspeed") and not item.get_closest_marker("process"):
             item.add_marker(pytest.mark.process)
     if _xdist_worker(config):
-        # in parallel, the slow tests first (DeepSpeed ranks, then other processes): the quick in-process
+        # in parallel, the slow tests first (DeepSpeed ranks, other processes, real models): the quick in-process
         # ones fill the end, instead of one worker finishing a long launch while the other waits idle
         items.sort(key=lambda item: 0 if item.get_closest_marker("deepspeed") else
-                   1 if item.get_closest_marker("process") else 2)
+                   1 if item.get_closest_marker("process") else 2 if item.get_closest_marker("slow") else 3)
 
 
 # ---------------------------------------------------------------- no process without the marker

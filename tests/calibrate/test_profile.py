@@ -135,6 +135,7 @@ def test_plan_cli_reads_the_cached_profile(tmp_path):
     assert json.loads(r.stdout)["hardware"]["profile"]["calibrated_at"] == "2026-12-01T01:34:51Z"
 
 
+@pytest.mark.slow  # real forwards timed in rounds until they settle
 def test_eager_overheads_measure_every_batch_in_interleaved_rounds_after_settling():
     """The real measurement on the CPU, with small layers: per-batch medians, their spread over the rounds,
     and how many runs the warm-up took to settle (at least two: two runs in a row must agree)."""

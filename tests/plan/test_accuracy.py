@@ -41,6 +41,7 @@ def _cpu_peak(fn) -> int:
     return peak
 
 
+@pytest.mark.slow  # real generate under torch's profiler
 @pytest.mark.parametrize("batch,prompt,new", [(1, 64, 40), (8, 256, 8), (4, 1024, 4), (2, 512, 120)])
 def test_plain_peak_matches_real_generate(model_dir, batch, prompt, new):
     from transformers import AutoConfig, LlamaForCausalLM

@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from dsdoctor.model.inventory import Inventory
-from dsdoctor.plan.schedule import Gather, Moment, eager_scores, gather_points, moments_of, step_kind, trace_steps
+from dsdoctor.plan import schedule
+from dsdoctor.plan.schedule import Gather, Moment, gather_points, peak_moment, prepared, step_kind, trace_steps
 from dsdoctor.plan.shape import ModelShape, kv_bytes
 from dsdoctor.zero_costs import optimizer_cost
 
@@ -209,13 +210,14 @@ def _forward_points(shape: ModelShape, b: int, tp: int, g: Gather, numel_of: lis
     key = (tp, b, g)
     if key not in shape.point_cache:
         steps = trace_steps(shape, b, tp)
-        shape.point_cache[key] = tuple(gather_points(steps, shape.layers, b, g, pf, numel_of) for pf in (False, True))
+        shape.point_cache[key] = tuple(prepared(gather_points(steps, shape.layers, b, g, pf, numel_of))
+                                       for pf in (False, True))
     return shape.point_cache[key]
 
 
-def _generate_moments(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list) -> list[tuple]:
-    """(phase, moment) of both generates: the prefill forwards (first, then with prefetch) and a decode step at
-    the longest cache."""
+def _generate_peaks(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list, fixed: int) -> list[tuple]:
+    """(phase, moment, fixed + its total) at the peak of each forward of both generates: the prefill forwards
+    (first, then with prefetch) and a decode step at the longest cache."""
     b, B, S, final = wl.dtype_bytes, wl.batch, wl.prompt_len, wl.final_len
     kv_prompt = kv_bytes(shape, B, S, b, tp)
     kv_final = kv_bytes(shape, B, final, b, tp)
@@ -226,12 +228,12 @@ def _generate_moments(shape: ModelShape, wl, tp: int, g: Gather, numel_of: list)
     logits_decode = B * vocab * b + B * vocab * 4
     first_pts, warm_pts = _forward_points(shape, b, tp, g, numel_of)
     lm_prefill = B * logits_prefill_tokens * vocab * b
-    scores = eager_scores(shape, B, S, S, b, tp)
-    first = moments_of(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, scores)
-    warm = moments_of(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, scores)
-    decode = moments_of(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
-                        logits_decode, B * vocab * b, eager_scores(shape, B, 1, final, b, tp))
-    return [("prefill", m) for m in first + warm] + [("decode", m) for m in decode]
+    scores = schedule.eager_scores(shape, B, S, S, b, tp)
+    first = peak_moment(first_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, fixed, scores)
+    warm = peak_moment(warm_pts, B * S, shape.layers, 0, kv_prompt, 0, logits_prefill, lm_prefill, fixed, scores)
+    decode = peak_moment(warm_pts, B, shape.layers, kv_bytes(shape, B, final - 1, b, tp), kv_final, kv_layer_final,
+                         logits_decode, B * vocab * b, fixed, schedule.eager_scores(shape, B, 1, final, b, tp))
+    return [("prefill", *first), ("prefill", *warm), ("decode", *decode)]
 
 
 def _gpu_peak(layout: Layout, shape: ModelShape, wl, numel_of: list, resident: int, load_peak: int,
@@ -239,8 +241,7 @@ def _gpu_peak(layout: Layout, shape: ModelShape, wl, numel_of: list, resident: i
     """(phase, peak, parts) of the allocated peak over load and generate; ``phases`` limits the phases read."""
     fixed = resident + CUBLAS_WORKSPACE
     candidates = [("load", Moment("load", 0, 0, 0), load_peak)]
-    for phase, m in _generate_moments(shape, wl, layout.tp, layout.gather, numel_of):
-        candidates.append((phase, m, fixed + m.total))
+    candidates += _generate_peaks(shape, wl, layout.tp, layout.gather, numel_of, fixed)
     if phases:  # e.g. ab reads a generate-only peak: ("prefill", "decode")
         candidates = [c for c in candidates if c[0] in phases]
     phase, moment, peak = max(candidates, key=lambda c: c[2])

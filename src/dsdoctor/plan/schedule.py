@@ -9,7 +9,7 @@
   forward on, each module's fetch prefetches up to ``stage3_prefetch_bucket_size`` more elements, bounded by
   ``stage3_max_live_parameters`` available elements; a prefetched group lands in one flat buffer that lives
   until its parameters are copied out on first use.
-* ``gather_points`` / ``moments_of``: the allocated-peak model's reading of that schedule (``memory.py``); the
+* ``gather_points`` / ``peak_moment``: the allocated-peak model's reading of that schedule (``memory.py``); the
   caching-allocator replay (``reserved.py``) reads the same schedule through ``GatherReplay``'s sink.
 """
 from __future__ import annotations
@@ -435,23 +435,41 @@ def gather_points(steps: list[Step], layers: int, b: int, g: Gather, prefetch: b
     return points
 
 
-def moments_of(points: list[Point], tokens: int, layers: int, kv_before: float, kv_after: float,
-               kv_transient: float, logits_bytes: float, lm_head_bytes: float, scores: float = 0) -> list[Moment]:
-    """Place one forward's points on a workload: activations scale with tokens, the cache grows per layer;
-    ``scores``: what eager attention holds inside its function (``eager_scores``), at the attention point."""
-    out = []
-    done = -1
+def prepared(points: list[Point]) -> tuple:
+    """``points`` as ``peak_moment`` reads them: (point, layers done after it (+1), whether its cache grows with
+    the layer, whether it is the lm_head, whether it is attention's own call) per point, computed once per
+    forward instead of per workload."""
+    out, done = [], -1
     for pt in points:
         if pt.layer is not None:
             done = max(done, pt.layer - (0 if pt.attention else 1))
-            kv = kv_before + (kv_after - kv_before) * (done + 1) / layers
+        out.append((pt, done + 1, pt.layer is not None, pt.label.endswith("lm_head"), pt.label.endswith(".<sdpa>")))
+    return tuple(out)
+
+
+def peak_moment(points: tuple, tokens: int, layers: int, kv_before: float, kv_after: float,
+                kv_transient: float, logits_bytes: float, lm_head_bytes: float, fixed: float = 0,
+                scores: float = 0) -> tuple:
+    """Place one forward's ``prepared`` points on a workload (activations scale with tokens, the cache grows per
+    layer) and return (the first moment with the largest ``fixed + total``, that figure). Only that moment is
+    built: a plan reads ~10^5 points per path and workload while it searches the largest batch and prompt.
+    ``scores``: what eager attention holds inside its function (``eager_scores``), at attention's own call."""
+    best, best_at = None, None
+    grow = kv_after - kv_before
+    for pt, progress, layered, lm_head, attention_call in points:
+        if layered:
+            kv = kv_before + grow * progress / layers
         else:
-            kv = kv_after if done >= layers - 1 else kv_before
-        kv += kv_transient if pt.attention else 0
-        logits = logits_bytes if pt.end else (lm_head_bytes if pt.label.endswith("lm_head") else 0)
-        act = pt.level * tokens + (scores if pt.label.endswith(".<sdpa>") else 0) if not pt.end else 0
-        out.append(Moment(pt.label, pt.gathered, act, kv, logits))
-    return out
+            kv = kv_after if progress >= layers else kv_before
+        if pt.attention:
+            kv += kv_transient
+        logits = logits_bytes if pt.end else (lm_head_bytes if lm_head else 0)
+        act = pt.level * tokens + (scores if attention_call else 0) if not pt.end else 0
+        key = fixed + (pt.gathered + act + kv + logits)  # Moment.total's sum, in its order
+        if best is None or key > best:
+            best, best_at = key, (pt, act, kv, logits)
+    pt, act, kv, logits = best_at
+    return Moment(pt.label, pt.gathered, act, kv, logits), best
 
 
 def eager_scores(shape: ModelShape, batch: int, queries: int, keys: int, b: int, tp: int = 1) -> float:
