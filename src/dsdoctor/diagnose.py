@@ -321,7 +321,8 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
     code = rec.code if rec is not None else None
     if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
         # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
-        return Step("exit", "done", fill(SUMMARY["keep plain"], stage=traced_stage), data={"path": path, "merged": None})
+        edge = " edge" if plan_result.path(path).verdict == "edge" else ""  # only plan's prediction fits (DSD234)
+        return Step("exit", "done", fill(SUMMARY["keep plain" + edge], stage=traced_stage), data={"path": path, "merged": None})
     n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     chosen = plan_result.path(path) if plan_result is not None and path else None
     cmds: list[str] = []
