@@ -218,8 +218,8 @@ def _step_plan(model, config, gpus, gpu_memory, host_memory, batch, prompt_len, 
         summary = fill(SUMMARY["no path fits"], why=why)
     else:
         # one tokens/s figure everywhere: the machine's (replicas x per rank), as plan's reason says it
-        summary = fill(SUMMARY["fastest path"], answer=TEXT["yes" if needs_zero3 else "no"], path=rec.path,
-                       why=rec.why)
+        summary = fill(SUMMARY["fastest path edge" if chosen.verdict == "edge" else "fastest path"],
+                       answer=TEXT["yes" if needs_zero3 else "no"], path=rec.path, why=rec.why)
     step = Step("need-zero3", "done", summary, list(result.findings), _details(result, lang),
                 data={"recommended": rec.to_dict(lang), "needs_zero3": needs_zero3,
                       "verdict": chosen.verdict if chosen else None}, artifacts=artifacts)
@@ -321,7 +321,8 @@ def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: di
     code = rec.code if rec is not None else None
     if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
         # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
-        return Step("exit", "done", fill(SUMMARY["keep plain"], stage=traced_stage), data={"path": path, "merged": None})
+        edge = " edge" if plan_result.path(path).verdict == "edge" else ""  # only plan's prediction fits (DSD234)
+        return Step("exit", "done", fill(SUMMARY["keep plain" + edge], stage=traced_stage), data={"path": path, "merged": None})
     n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
     chosen = plan_result.path(path) if plan_result is not None and path else None
     cmds: list[str] = []
@@ -443,6 +444,9 @@ def _actions(exit_step: Step | None, plan_result, path, command, ab_result, chec
     else:
         config = launch[0].rsplit(" ", 1)[-1] if launch else "-"
         out.append(Action(fill(SUMMARY_TEXT["act-zero3"], path=path, file=f"`{config}`"), launch))
+    measure = _measure_command(plan_result, path)
+    if measure:  # the way out fits by plan's prediction only (DSD234): what settles it comes right after it
+        out.append(Action(SUMMARY_TEXT["act-measure"], [measure]))
     if compare:
         out.append(Action(SUMMARY_TEXT["act-compare"], compare))
     elif command and ab_result is None:
@@ -454,6 +458,15 @@ def _actions(exit_step: Step | None, plan_result, path, command, ab_result, chec
     if fragmented:
         out.append(Action(SUMMARY_TEXT["act-expandable"], ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]))
     return out[:3]
+
+
+def _measure_command(plan_result, path) -> str | None:
+    """The ``dsdoctor plan ... --measure`` line DSD234 gives when the recommended path is at the edge."""
+    chosen = plan_result.path(path) if plan_result is not None and path else None
+    edge = next((f for f in plan_result.findings if f.code == "DSD234"), None) if chosen is not None else None
+    if chosen is None or chosen.verdict != "edge" or edge is None:
+        return None
+    return edge.values["measure"].values.get("command")
 
 
 def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:

@@ -60,11 +60,19 @@ def test_cli_loop_flag_and_json():
     assert "unwrap_model_for_generation" in json.dumps(data) or data["recommendation"]["path"] == "zero2"
 
 
-def test_gather_once_is_recommended_where_zero2_does_not_fit():
-    """ZeRO-2 trains with the whole weights beside the activations; ZeRO-3 with its shards."""
+def test_gather_once_where_zero2_does_not_fit_is_at_the_edge_and_zero3_fits_outright():
+    """ZeRO-2 trains with the whole weights beside the activations; ZeRO-3 with its shards. At 67 GiB
+    gather-once's prediction (66.4 GiB) fits, its upper figure (no loop run is archived: the widest band) does
+    not: ZeRO-3, which fits outright, is recommended, and DSD234 says what settles gather-once."""
     r = _plan(LLAMA_7B, 2, gpu_memory="67GiB")
     z2, once = r.path("zero2"), r.path("zero3-gather-once")
     assert z2.peak_at == "train-step" and "training_activations" in z2.breakdown
-    assert once.fits and not z2.fits
-    assert r.recommended.path == "zero3-gather-once"
-    assert "unwrap_model_for_generation" in r.recommended.code
+    assert once.fits and once.verdict == "edge" and not z2.fits
+    assert r.recommended.path == "zero3" and r.path("zero3").verdict == "fits"
+    edge = next(f for f in r.findings if f.code == "DSD234")
+    assert "zero3-gather-once" in edge.values["paths"] and "set_per_process_memory_fraction" in edge.fix("en")
+    assert "--measure`" not in edge.fix("en")  # plan --measure runs no training loop
+    roomy = _plan(LLAMA_7B, 2, gpu_memory=f"{once.upper_bytes + 2**30}")  # gather-once fits outright, zero2 edge
+    assert roomy.path("zero3-gather-once").verdict == "fits" and roomy.path("zero2").verdict == "edge"
+    assert roomy.recommended.path == "zero3-gather-once"
+    assert "unwrap_model_for_generation" in roomy.recommended.code

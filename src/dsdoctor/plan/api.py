@@ -38,7 +38,7 @@ from dsdoctor.plan.paths import (
 )
 from dsdoctor.plan.paths.base import LayoutPath, for_transformers
 from dsdoctor.plan.positions import hard_limit, position_limit
-from dsdoctor.plan.request import PlanRequest
+from dsdoctor.plan.request import PlanRequest, measure_command
 from dsdoctor.plan.result import PlanResult, Recommendation
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for
@@ -129,8 +129,8 @@ def plan_request(req: PlanRequest) -> PlanResult:
         run_dtype=run_dtype, loop=req.loop, expandable="expandable_segments:true" in alloc_conf.replace(" ", "").lower(),
         context_bytes=profile.get("context_bytes") if profile is not None else None, pos_limit=pos_limit,
         hard_limit=hard, transformers=loading, hf_equality=req.hf_equality,
-        bands=None if req.loop else load_bands(profile, {"model": spec.raw, "batch": wl.batch, "prompt_len": wl.prompt_len,
-                                                          "new_tokens": wl.new_tokens, "gpus": hw.gpus, "dtype": wl.dtype}))
+        bands=load_bands(profile, {"model": spec.raw, "batch": wl.batch, "prompt_len": wl.prompt_len,
+                                   "new_tokens": wl.new_tokens, "gpus": hw.gpus, "dtype": wl.dtype}))
     rows, plans = {}, []
     for path in paths_for(ctx):
         row = evaluate(path, ctx)
@@ -138,7 +138,7 @@ def plan_request(req: PlanRequest) -> PlanResult:
             rows[row.name] = path
             plans.append(row)
     chosen, compared, recommendation = _recommend(plans, rows, ctx)
-    found = _findings(plans, rows, chosen, ctx, spec, capability, profile, req.machine)
+    found = _findings(plans, rows, chosen, ctx, spec, capability, profile, req)
     found += plan_findings.freshness_findings(profile, freshness)
     hw.profile = profile_summary(profile, figures, freshness)
     hw.alloc_conf = alloc_conf or None
@@ -146,14 +146,14 @@ def plan_request(req: PlanRequest) -> PlanResult:
                       inv.num_params * wl.dtype_bytes, loading=loading, run_dtype=run_dtype)
 
 
-def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capability, profile, machine) -> list:
+def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capability, profile, req) -> list:
     found = plan_findings.config_findings(plans, chosen, ctx.knobs, ctx.config_path, ctx.hw, ctx.figures, profile)
     found += plan_findings.path_findings(spec, ctx.wl, ctx.hw, chosen, ctx.pos_limit, ctx.hard_limit,
                                          ctx.run_dtype, capability)
     if ctx.loop:
         found += plan_findings.loop_findings(plans)
     found += plan_findings.scale_findings(plans, ctx.hw)
-    found += plan_findings.edge_findings(plans, chosen, ctx.hw)
+    found += plan_findings.edge_findings(plans, chosen, ctx.hw, None if ctx.loop else measure_command(req, ctx.wl, ctx.hw))
     if not ctx.loop and not ctx.hf_equality:
         found += plan_findings.serving_findings(plans, chosen, serving_names(), lambda name: rows[name].launch(ctx))
         found += plan_findings.lossy_findings(plans, chosen, quantized_names())
@@ -162,7 +162,7 @@ def _findings(plans: list, rows: dict, chosen, ctx: PlanContext, spec, capabilit
                                                       lambda name: rows[name].expandable_reserved(ctx))
     found += plan_findings.moe_findings(plans, chosen, ctx.config_path, ctx.shape, ctx.wl, spec.model_type,
                                         (ctx.transformers or {}).get("version"))
-    return found + plan_findings.machine_findings(profile, machine)
+    return found + plan_findings.machine_findings(profile, req.machine)
 
 
 def _model_info(spec, inv, ctx: PlanContext) -> dict:

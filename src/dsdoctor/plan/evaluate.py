@@ -1,8 +1,9 @@
 """One path of a plan turned into its result row: memory, the loading method that fits the host, speed,
-whether it fits, and the largest batch and prompt that would."""
+whether it fits, and the largest batch and prompt that would (outright, and by the prediction only)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from dsdoctor.plan.band import Band
 from dsdoctor.plan.loading import apply_loading
@@ -37,8 +38,12 @@ def fits(mem: PathMemory, hw, bands: dict | None = None) -> tuple[bool, list, st
 def upper_line(mem: PathMemory, bands: dict) -> int:
     """The upper figure of the line (plan/band.py): reserved and allocated each times their band's worst case
     (reserved at least the allocated upper), plus the memory outside the allocator."""
-    reserved = max(bands["reserved"].upper(mem.gpu_reserved_bytes), bands["allocated"].upper(mem.gpu_peak_bytes))
-    return reserved + mem.gpu_outside_allocator_bytes
+    return upper_figure(mem.gpu_peak_bytes, mem.gpu_reserved_bytes, mem.gpu_outside_allocator_bytes, bands)
+
+
+def upper_figure(allocated: int, reserved: int, outside: int, bands: dict) -> int:
+    """``upper_line`` of bare figures (an RL job's arrangement, plan/loop_job.py, has no ``PathMemory``)."""
+    return max(bands["reserved"].upper(reserved), bands["allocated"].upper(allocated)) + outside
 
 
 def largest(fits_at, low: int, high: int) -> int | None:
@@ -53,24 +58,32 @@ def largest(fits_at, low: int, high: int) -> int | None:
     return low
 
 
-def what_fits(path: LoadPath, ctx: PlanContext, mem: PathMemory, method) -> tuple[int | None, int | None]:
-    """The largest batch and the longest prompt that fit with the loading method chosen; the estimates reuse
-    this workload's reserved/allocated ratio (where the path takes it) instead of replaying the allocator."""
+def what_fits(path: LoadPath, ctx: PlanContext, mem: PathMemory, method, bands: dict | None = None) -> tuple:
+    """The largest batch and the longest prompt that fit outright (with ``bands``: their upper figure fits too,
+    ``fits``) with the loading method chosen, and the larger ones that fit by the prediction only (edge; None
+    where none is larger): (batch, prompt, edge batch, edge prompt). The estimates reuse this workload's
+    reserved/allocated ratio (where the path takes it) instead of replaying the allocator."""
     wl, hw = ctx.wl, ctx.hw
     verdict = fits(mem, hw)[2]
     reserved = mem.reserved_assumption["reserved_without_bytes"] if verdict == "unverified" else mem.gpu_reserved_bytes
     ratio = reserved / max(mem.gpu_peak_bytes, 1)  # an unverified fit is searched on the figure it fits by
 
-    def fits_with(**change) -> bool:
-        m = path.memory(ctx, dataclasses.replace(wl, **change), ratio=ratio)
+    @functools.cache
+    def verdict_at(field: str, value: int) -> str:
+        m = path.memory(ctx, dataclasses.replace(wl, **{field: value}), ratio=ratio)
         if method is not None:
             apply_loading(m, [method], hw.host_memory)
-        return fits(m, hw)[0]
+        return fits(m, hw, bands)[2]
+
+    def search(field: str, high: int) -> tuple:
+        outright = largest(lambda v: verdict_at(field, v) == "fits", 1, high)
+        edge = largest(lambda v: verdict_at(field, v) != "does not fit", outright or 1, high)
+        return outright, edge if edge and edge > (outright or 0) else None
 
     max_ctx = (ctx.pos_limit or MAX_CONTEXT) - wl.new_tokens
     max_ctx = max(max_ctx, wl.prompt_len) if ctx.hard_limit is None else max_ctx
-    return (largest(lambda v: fits_with(batch=v), 1, MAX_BATCH_SEARCH),
-            largest(lambda v: fits_with(prompt_len=v), 1, max(max_ctx, 1)))
+    (batch, edge_batch), (prompt, edge_prompt) = search("batch", MAX_BATCH_SEARCH), search("prompt_len", max(max_ctx, 1))
+    return batch, prompt, edge_batch, edge_prompt
 
 
 def evaluate(path: LoadPath, ctx: PlanContext) -> PathPlan | None:
@@ -85,8 +98,9 @@ def evaluate(path: LoadPath, ctx: PlanContext) -> PathPlan | None:
     if bands and path.serving:  # a serving engine's reserved is the pool it is told to take, not a prediction
         bands["reserved"] = Band(1.0, 1.0, 0, "pool")
     fit = fits(mem, ctx.hw, bands)
-    searched = what_fits(path, ctx, mem, method) if path.searched else (None, None)
-    row = path.row(ctx, mem, speed, fit, method, methods, searched)
+    searched = what_fits(path, ctx, mem, method, bands) if path.searched else (None,) * 4
+    row = path.row(ctx, mem, speed, fit, method, methods, searched[:2])
+    row.edge_batch, row.edge_prompt_len = searched[2:]
     if bands:
         row.band = {fig: b.to_dict() for fig, b in bands.items()}
         row.upper_bytes = upper_line(mem, bands)

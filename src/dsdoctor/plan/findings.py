@@ -49,7 +49,7 @@ def config_findings(plans, chosen, knobs, config_path, hw, figures, profile=None
                                       "capacity": human_bytes(hw.gpu_memory),
                                       "recommended": chosen.name if chosen else "none"}))
     plain = by.get("plain")
-    if cp is not None and plain is not None and plain.fits:
+    if cp is not None and plain is not None and plain.verdict == "fits":
         speedup = plain.tokens_per_s / cp.tokens_per_s if cp.tokens_per_s else float("inf")
         out.append(Finding("DSD201", {"plain_peak": human_bytes(plain.gpu_peak_bytes),
                                       "capacity": human_bytes(hw.gpu_memory), "speedup": f"{speedup:.1f}",
@@ -95,16 +95,16 @@ def loop_findings(plans: list) -> list[Finding]:
     out = []
     if once is not None and z3 is not None:
         need = human_bytes(once.gpu_reserved_bytes + once.gpu_outside_allocator_bytes)
-        if once.fits:
+        if once.verdict == "fits":
             out.append(Finding("DSD207", {
                 "once_tps": f"{once.tokens_per_s:.0f}", "z3_tps": f"{z3.tokens_per_s:.0f}",
                 "speedup": f"{once.tokens_per_s / z3.tokens_per_s:.1f}" if z3.tokens_per_s else "?",
                 "once_peak": human_bytes(once.gpu_peak_bytes), "z3_peak": human_bytes(z3.gpu_peak_bytes),
                 "extra": human_bytes(max(once.gpu_peak_bytes - z3.gpu_peak_bytes, 0))}))
-        else:
+        elif not once.fits:
             out.append(Finding("DSD208", {"need": need, "limits": ", ".join(once.limits) or "gpu",
                                           "z3_peak": human_bytes(z3.gpu_peak_bytes)}))
-    if z2 is not None and z2.fits:
+    if z2 is not None and z2.verdict == "fits":
         out.append(Finding("DSD209", {"peak": human_bytes(z2.gpu_peak_bytes), "tps": f"{z2.tokens_per_s:.0f}",
                                       "gpus": z2.ranks}))
     return out + [Finding("DSD231", {})]
@@ -161,10 +161,18 @@ def scale_findings(plans: list, hw) -> list[Finding]:
         "capacity": human_bytes(hw.gpu_memory), "measured": first["measured_up_to_world"]})]
 
 
-def edge_findings(plans: list, chosen, hw) -> list[Finding]:
+ONE_GPU_PATHS = ("plain", "zero3", "zero3-offload")  # what plan --measure runs (plan/measure.py)
+
+
+def measurable(p) -> bool:
+    """Whether ``plan --measure`` can run this row: one process on one GPU."""
+    return p.name in ONE_GPU_PATHS and p.ranks == 1
+
+
+def edge_findings(plans: list, chosen, hw, command: str | None = None) -> list[Finding]:
     """DSD234 when the recommended path, or a faster one, fits by its prediction but not by the upper figure of
-    its measured band (plan/band.py): by how much, and what to do (measure it here, or the path that fits
-    outright)."""
+    its measured band (plan/band.py): by how much, and what to do (``command``: the ``plan --measure`` line with
+    the user's flags, and the cap it runs under; or the path that fits outright)."""
     edge = [p for p in plans if p.verdict == "edge" and (p is chosen or chosen is None or
                                                          p.tokens_per_s * p.replicas > chosen.tokens_per_s * chosen.replicas)]
     if not edge:
@@ -173,14 +181,21 @@ def edge_findings(plans: list, chosen, hw) -> list[Finding]:
     outright = [p for p in plans if p.verdict == "fits" and not p.estimate]
     then = max(outright, key=lambda p: p.tokens_per_s * p.replicas).name if outright else None
     band = first.band["reserved"] if first.band["reserved"]["source"] != "pool" else first.band["allocated"]
-    return [Finding("DSD234", {
-        "paths": ", ".join(p.name for p in edge), "line": human_bytes(first.gpu_reserved_bytes
-                                                                       + first.gpu_outside_allocator_bytes),
-        "upper": human_bytes(first.upper_bytes), "capacity": human_bytes(hw.gpu_memory),
-        "over": human_bytes(first.upper_bytes - hw.gpu_memory),
+    cap = human_bytes(hw.gpu_memory - first.gpu_outside_allocator_bytes)
+    how = Phrase("measure command", {"command": command, "path": first.name, "cap": cap}) \
+        if command and measurable(first) else Phrase("measure cap", {"what": first.name, "cap": cap})
+    return [edge_finding(", ".join(p.name for p in edge), first.gpu_reserved_bytes + first.gpu_outside_allocator_bytes,
+                         first.upper_bytes, hw.gpu_memory, band, how, then)]
+
+
+def edge_finding(names: str, line: int, upper: int, capacity: int, band: dict, how: Phrase, then: str | None) -> Finding:
+    """DSD234 for load paths (``edge_findings``) and an RL job's arrangements (plan/loop_result.py)."""
+    return Finding("DSD234", {
+        "paths": names, "line": human_bytes(line), "upper": human_bytes(upper), "capacity": human_bytes(capacity),
+        "over": human_bytes(upper - capacity),
         "band": Phrase(BAND_PHRASE[band["source"]], {"low": f"{band['low'] - 1:+.0%}", "high": f"{band['high'] - 1:+.0%}",
                                                   "n": band["n"]}),
-        "next": Phrase("next path", {"name": then}) if then else Phrase("no next path")})]
+        "measure": how, "next": Phrase("next path", {"name": then}) if then else Phrase("no next path")})
 
 
 def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Finding]:
@@ -188,7 +203,7 @@ def serving_findings(plans: list, chosen, serving: set, launch=None) -> list[Fin
     does not displace: the user decides, knowing what it gives up. ``launch(name)``: the engine's command."""
     if chosen is None or chosen.name in serving:
         return []
-    faster = [p for p in plans if p.name in serving and p.fits
+    faster = [p for p in plans if p.name in serving and p.verdict == "fits"
               and p.tokens_per_s * p.replicas > 1.2 * chosen.tokens_per_s * chosen.replicas]
     if not faster:
         return []
@@ -209,7 +224,7 @@ def lossy_findings(plans: list, chosen, lossy: set) -> list[Finding]:
     if chosen is None or chosen.name in lossy:
         return []
     base = chosen.tokens_per_s * chosen.replicas
-    faster = [p for p in plans if p.name in lossy and p.fits and p.tokens_per_s * p.replicas >= LOSSY_FASTER * base]
+    faster = [p for p in plans if p.name in lossy and p.verdict == "fits" and p.tokens_per_s * p.replicas >= LOSSY_FASTER * base]
     if not faster:
         return []
     best = max(faster, key=lambda p: p.tokens_per_s * p.replicas)
@@ -259,7 +274,7 @@ def moe_findings(plans, chosen, config_path, shape, wl, model_type: str, transfo
             "path": z3.name, "gathered": human_bytes(shape.inventory.num_params * wl.dtype_bytes), "batch": wl.batch,
             "read": human_bytes(read), "touched": f"{experts_touched(moe, wl.batch):.0f}", "experts": moe.num_experts,
             "top_k": moe.top_k, "tps": f"{z3.tokens_per_s:.1f}", "plain_tps": f"{plain.tokens_per_s:.1f}",
-            "plain_fits": "" if plain.fits else Phrase("does-not-fit")}))
+            "plain_fits": "" if plain.verdict == "fits" else Phrase("does-not-fit" if not plain.fits else "edge")}))
     deepspeed = resolve_versions(None).tuple("deepspeed")  # its default leaf blocks (zero_optimization.leaf_module)
     if z3 is not None and hang_risk(moe, model_type, version_tuple(transformers), deepspeed):
         out.append(Finding("DSD118", hang_values(model_type, transformers or "(not installed)")))

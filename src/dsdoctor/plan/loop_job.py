@@ -26,7 +26,9 @@ from dsdoctor.config.runner import size_from_name
 from dsdoctor.errors import InputError
 from dsdoctor.model.spec import MAX_PARAMS, load_model_spec, spec_from_config
 from dsdoctor.plan.api import load_inventory, resolve_profile
+from dsdoctor.plan.band import Bands, archived
 from dsdoctor.plan.ds_knobs import load_knobs
+from dsdoctor.plan.evaluate import upper_figure
 from dsdoctor.plan.hardware import make_hardware
 from dsdoctor.plan.loading import PROCESS_BASE, ZERO3_RUNTIME, Checkpoint
 from dsdoctor.plan.loop_arrange import Candidate, candidates, changes, given
@@ -36,6 +38,7 @@ from dsdoctor.plan.memory import CUDA_CONTEXT, NCCL_BUFFERS
 from dsdoctor.plan.paths import PlanContext, by_name
 from dsdoctor.plan.paths.loop import allocator_slack, gather_once_speed
 from dsdoctor.plan.paths.serving import engine_memory, engine_speed
+from dsdoctor.plan.recommend import outright_first
 from dsdoctor.plan.request import JobRequest, MachineRequest
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import figures_for, hooked_modules
@@ -133,6 +136,8 @@ class JobModel:
         self.experience_batch = min(job.experience_batch or train_batch, wl.batch)
         self._costs: dict = {}
         self.groups = _group_gpus(job, hw.gpus)
+        # no GPU run of an RL job is archived: every arrangement takes the widest measured band (plan/band.py)
+        self.bands = Bands(archived()).widest
 
     def costs(self, role: str, world: int) -> ModelCosts:
         key = (role, world)
@@ -261,15 +266,15 @@ class JobModel:
         return total
 
     # ------------------------------------------------------------ one arrangement
-    def _need(self, cand: Candidate, phases: list, world: int, slack: tuple, any_z3: bool) -> int:
-        """What decides fits on one GPU of a group: the peak phase, the caching allocator's slack (plan's replay
-        of the actor's HF generate at the batch of the phase that sets the peak: the rollout batch, or the
-        micro-batch of the forwards and training step), the CUDA context and NCCL."""
+    def _need(self, cand: Candidate, phases: list, world: int, slack: tuple, any_z3: bool) -> tuple[int, int]:
+        """What decides fits on one GPU of a group: the peak phase with the caching allocator's slack (plan's
+        replay of the actor's HF generate at the batch of the phase that sets the peak: the rollout batch, or the
+        micro-batch of the forwards and training step), and beside it the CUDA context and NCCL."""
         top, e = max(phases, key=lambda p: p.total), cand.engine
         outside = CUDA_CONTEXT + (NCCL_BUFFERS if world > 1 or any_z3 else 0)
         if e.kind == "vllm" and e.colocate and self.job.framework == "openrlhf":
             outside += CUDA_CONTEXT  # its engines are processes of their own on the same GPUs
-        return top.total + slack[0 if top.name == "rollout" and e.kind != "vllm" else 1] + outside
+        return top.total + slack[0 if top.name == "rollout" and e.kind != "vllm" else 1], outside
 
     def _host(self, cand: Candidate, groups: dict, any_z3: bool) -> int:
         e = cand.engine
@@ -285,14 +290,15 @@ class JobModel:
         groups = self.memory(cand)
         any_z3 = any(h.effective(True).stage == 3 for h in cand.holds.values())
         needs = {g: self._need(cand, phases, world, slack, any_z3) for g, (phases, _h, _n, world) in groups.items()}
-        worst = max(needs, key=needs.get)  # the first of the largest
+        worst = max(needs, key=lambda g: sum(needs[g]))  # the first of the largest
+        need = sum(needs[worst])
         notes = list(cand.notes)
         for _phases, _host, gnotes, _world in groups.values():
             notes += [n for n in gnotes if n not in notes]
         phases, _host, _notes, world = groups[worst]
         host = self._host(cand, groups, any_z3)
         e = cand.engine
-        limits = [name for name, over in (("gpu", needs[worst] > self.hw.gpu_memory),
+        limits = [name for name, over in (("gpu", need > self.hw.gpu_memory),
                                           ("host", host > self.hw.host_memory)) if over]
         actor_world = self.world_of(cand, self.job.model("actor").group)
         times = {"rollout": self.rollout_s(cand, actor_world), "experience": self.experience_s(cand, actor_world),
@@ -301,9 +307,12 @@ class JobModel:
         if e.kind == "vllm" and e.colocate and self.vllm_capacity(e) == 0:
             limits.append("engine")  # its weights leave no room for one sequence's KV cache
         tokens = cand.train_gpus * self.wl.batch * self.wl.new_tokens
-        return Arrangement(cand, worst, world, phases, int(needs[worst]), limits, host, times,
+        upper = upper_figure(max(p.total for p in phases), *needs[worst], self.bands)
+        return Arrangement(cand, worst, world, phases, int(need), limits, host, times,
                            cand.train_gpus * self.wl.batch / total if total else 0.0,
-                           tokens / times["rollout"] if times["rollout"] else 0.0, notes)
+                           tokens / times["rollout"] if times["rollout"] else 0.0, notes, upper_bytes=upper,
+                           band={fig: b.to_dict() for fig, b in self.bands.items()}, outside_bytes=needs[worst][1],
+                           verdict="does not fit" if limits else "edge" if upper > self.hw.gpu_memory else "fits")
 
 
 def _merge(job: rl.RlJob, req: JobRequest) -> rl.RlJob:
@@ -396,9 +405,9 @@ def _actor_model(actor, config) -> rl.RlModel:
 
 
 def choose(rows: list, base: Arrangement | None) -> Arrangement | None:
-    """The fastest fitting arrangement; within 5% of it, the one with the fewest changes (no code change
-    first)."""
-    fitting = [r for r in rows if r.fits]
+    """The fastest arrangement that fits outright (else the fastest at the edge: only its prediction fits); within
+    5% of it, the one with the fewest changes (no code change first)."""
+    fitting = outright_first(rows)
     if not fitting:
         return None
     best = max(r.samples_per_s for r in fitting)

@@ -12,6 +12,7 @@ from dsdoctor.plan import findings as plan_findings
 from dsdoctor.plan.loop_arrange import Candidate, changes, engine_label
 from dsdoctor.plan.loop_code import job_code, job_ds_configs
 from dsdoctor.plan.loop_memory import Hold, Phase
+from dsdoctor.plan.result import banded
 from dsdoctor.report.render import Style, findings_markdown, findings_text, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_count
 
@@ -49,6 +50,10 @@ class Arrangement:
     notes: list = field(default_factory=list)
     changes: list = field(default_factory=list)  # (setting, from, to)
     given: bool = False
+    upper_bytes: int | None = None  # the need's upper figure: the band's worst case (plan/band.py)
+    band: dict | None = None  # figure -> the band it takes (an RL job: the widest, unmeasured)
+    verdict: str = "fits"  # fits | edge (only the prediction fits) | does not fit
+    outside_bytes: int = 0  # of the need, outside the caching allocator: CUDA context(s), NCCL
 
     @property
     def fits(self) -> bool:
@@ -80,8 +85,9 @@ class Arrangement:
 
     def to_dict(self) -> dict:
         return {"arrangement": self.arrangement, "holds": self.holds, "engine": self.engine,
-                "fits": self.fits, "limits": list(self.limits), "gpu_peak_bytes": self.gpu_peak_bytes,
-                "gpu_need_bytes": self.gpu_need_bytes, "peak_at": self.peak.name,
+                "fits": self.fits, "verdict": self.verdict, "limits": list(self.limits),
+                "gpu_peak_bytes": self.gpu_peak_bytes, "gpu_need_bytes": self.gpu_need_bytes,
+                "upper_bytes": self.upper_bytes, "band": self.band, "peak_at": self.peak.name,
                 "phases": {p.name: p.total for p in self.phases}, "breakdown": dict(self.peak.parts),
                 "host_peak_bytes": self.host_peak_bytes, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                 "iteration_s": round(self.iteration_s, 3), "samples_per_s": round(self.samples_per_s, 3),
@@ -146,12 +152,13 @@ class JobPlanResult:
                                           dtype=w["dtype"], train=w["train_batch"]))
         return lines
 
-    def _table_rows(self, ok: str, no: str, lang: str):
+    def _table_rows(self, ok: str, no: str, lang: str, edge: str):
         rows = []
         for r in self.rows:
             mark = ("*" if r.arrangement == self.recommended.arrangement else "") + ("=" if r.given else "")
-            rows.append((mark + r.arrangement, ok if r.fits else f"{no} " + ",".join(r.limits),
-                         human_bytes(r.gpu_need_bytes), pick(TEXT["phase " + r.peak.name], lang),
+            fit = edge if r.verdict == "edge" else ok if r.fits else f"{no} " + ",".join(r.limits)
+            rows.append((mark + r.arrangement, fit, banded(r.gpu_need_bytes, r.band, "reserved", lang),
+                         pick(TEXT["phase " + r.peak.name], lang),
                          human_bytes(r.host_peak_bytes), f"{r.iteration_s:.1f}", f"{r.samples_per_s:.2f}",
                          f"{r.rollout_tokens_per_s:.0f}"))
         return rows
@@ -179,7 +186,8 @@ class JobPlanResult:
     def to_text(self, lang: str = "en", style: Style | None = None) -> str:
         style = style or Style()
         out = ["\n".join(self._header(lang)) + "\n",
-               text_table(pick(TEXT["head"], lang), self._table_rows(style.ok, style.error, lang)),
+               text_table(pick(TEXT["head"], lang), self._table_rows(style.ok, style.error, lang,
+                                                                    f"{style.warning} {pick(TEXT['edge'], lang)}")),
                pick(TEXT["legend"], lang) + "\n", "\n".join(self._detail_lines(lang)) + "\n"]
         rec = self.recommended
         if rec.arrangement:
@@ -195,8 +203,8 @@ class JobPlanResult:
 
     def to_markdown(self, lang: str = "en") -> str:
         out = [pick(TEXT["title"], lang), "  \n".join(self._header(lang)), "\n\n",
-               markdown_table(pick(TEXT["head"], lang), self._table_rows(pick(TEXT["yes"], lang),
-                                                                          pick(TEXT["no"], lang), lang)), "\n"]
+               markdown_table(pick(TEXT["head"], lang), self._table_rows(pick(TEXT["yes"], lang), pick(TEXT["no"], lang),
+                                                                          lang, pick(TEXT["edge"], lang))), "\n"]
         out += [line + "  \n" for line in self._detail_lines(lang)]
         rec = self.recommended
         if rec.arrangement:
@@ -246,8 +254,8 @@ def _recommendation(job, resolved, hw, wl, train_batch, base, chosen) -> tuple[J
     same = base is not None and chosen.arrangement == base.arrangement
     compared = base is not None and base.fits and not same  # faster than a job as given that runs
     speedup = chosen.samples_per_s / base.samples_per_s if compared and base.samples_per_s else None
-    why = {lang: pick(TEXT["why"], lang).format(need=human_bytes(chosen.gpu_need_bytes),
-                                                capacity=human_bytes(hw.gpu_memory),
+    why = {lang: pick(TEXT["why edge" if chosen.verdict == "edge" else "why"], lang).format(
+        need=human_bytes(chosen.gpu_need_bytes), capacity=human_bytes(hw.gpu_memory), upper=human_bytes(chosen.upper_bytes),
                                                 samples=f"{chosen.samples_per_s:.2f}",
                                                 rollout=f"{chosen.rollout_tokens_per_s:.0f}")
            + (pick(TEXT["why faster"], lang).format(x=f"{speedup:.2f}") if speedup else "")
@@ -268,17 +276,28 @@ def _findings(hw, base, chosen, smallest, rec: JobRecommendation, speedup, figur
                                         "parts": _top_parts(smallest), "gpus": hw.gpus}))
     elif base is not None and rec.changes:
         found.append(Finding("DSD232", {
-            "arrangement": rec.arrangement, "need": human_bytes(chosen.gpu_need_bytes), "capacity": capacity,
+            "arrangement": rec.arrangement, "that_fits": Phrase("edge" if chosen.verdict == "edge" else "that fits"),
+            "need": human_bytes(chosen.gpu_need_bytes), "capacity": capacity,
             "samples": f"{chosen.samples_per_s:.2f}",
             "than_given": Phrase("faster", {"x": f"{speedup:.2f}"}) if speedup else Phrase("given-unfit"),
             "changes": change_text(rec.changes)}))
     if base is not None and not base.fits:
-        fix = Phrase("fix-change", {"arrangement": rec.arrangement, "changes": change_text(rec.changes)}) \
-            if rec.arrangement else Phrase("fix-none")
+        fix = Phrase("fix-change-edge" if chosen.verdict == "edge" else "fix-change",
+                     {"arrangement": rec.arrangement, "changes": change_text(rec.changes)}) if chosen else Phrase("fix-none")
         found.append(Finding("DSD230", {"arrangement": base.arrangement, "need": human_bytes(base.gpu_need_bytes),
                                         "capacity": capacity, "limits": ", ".join(base.limits),
                                         "phase": base.peak.name, "parts": _top_parts(base), "fix": fix}))
-    return found
+    return found + _edge(hw, chosen)
+
+
+def _edge(hw, chosen) -> list[Finding]:
+    """DSD234 when the recommended arrangement fits by its prediction only (none fits outright): what to run
+    under which cap (plan --measure runs no RL job)."""
+    if chosen is None or chosen.verdict != "edge":
+        return []
+    cap = Phrase("measure cap", {"what": Phrase("one iteration"), "cap": human_bytes(hw.gpu_memory - chosen.outside_bytes)})
+    return [plan_findings.edge_finding(chosen.arrangement, chosen.gpu_need_bytes, chosen.upper_bytes, hw.gpu_memory,
+                                       chosen.band["reserved"], cap, None)]
 
 
 ASSUMPTIONS = ["gather-once and the hybrid engine at plain generate speed (an upper bound: DeepSpeed's "

@@ -20,19 +20,19 @@ from dsdoctor.errors import InputError
 from dsdoctor.i18n import message_table, pick
 from dsdoctor.plan.api import plan_request
 from dsdoctor.plan.band import family, shape_key
+from dsdoctor.plan.findings import measurable
 from dsdoctor.report.render import Style, markdown_table, text_table
 from dsdoctor.units import human_bytes, human_rate
 
 TEXT = message_table("plan.measure.TEXT")
 RUN_TIMEOUT_S = 1800
-ONE_GPU_PATHS = ("plain", "zero3", "zero3-offload")
 
 
 def targets(result) -> list:
     """The recommended path and every path at the edge that one process on one GPU can run."""
     chosen = result.path(result.recommended.path) if result.recommended.path else None
     rows = ([chosen] if chosen else []) + [p for p in result.paths if p.verdict == "edge" and p is not chosen]
-    return [p for p in rows if p.name in ONE_GPU_PATHS and p.ranks == 1]
+    return [p for p in rows if measurable(p)]
 
 
 def run_job(job: dict) -> dict:

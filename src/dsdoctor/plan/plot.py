@@ -33,8 +33,11 @@ def _stacks(result: PlanResult):
     for p in result.paths:
         parts = dict(p.breakdown)
         parts["outside_allocator"] = p.gpu_outside_allocator_bytes
-        rows.append((p.name, parts, p.fits))
+        rows.append((p.name, parts, p.verdict))
     return keys, rows
+
+
+MARK = {"fits": "", "edge": " ⚠", "unverified": " ⚠"}  # beside a bar: what the plan's verdict is (else ✗)
 
 
 def require_matplotlib() -> None:
@@ -88,10 +91,10 @@ def render_html(result: PlanResult, lang: str = "en") -> str:
     height = len(rows) * (bar_h + 12) + 40
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width + left_pad + 20}" height="{height}" '
            f'font-family="sans-serif" font-size="12">']
-    for i, (name, parts, fits) in enumerate(rows):
+    for i, (name, parts, verdict) in enumerate(rows):
         y = 10 + i * (bar_h + 12)
         svg.append(f'<text x="{left_pad - 8}" y="{y + bar_h * 0.7}" text-anchor="end">{html.escape(name)}'
-                   f'{"" if fits else " ✗"}</text>')
+                   f'{MARK.get(verdict, " ✗")}</text>')
         x = left_pad
         for k in keys:
             v = parts.get(k, 0)

@@ -53,11 +53,17 @@ def choose_tiered(plans: list, quantized: set) -> tuple:
 TRAINING_PREFERENCE = ("zero2", "zero3-gather-once", "zero3", "zero3-offload", "zero3-offload-nvme")
 
 
+def outright_first(rows: list) -> list:
+    """The rows that fit outright (their upper figure fits), else those that fit by the prediction (edge)."""
+    return [p for p in rows if p.verdict == "fits"] or [p for p in rows if p.fits]
+
+
 def choose_training(paths: list, training: set) -> tuple:
     """With ``--loop``: the fastest fitting path the actor can train on (the inference-only paths are shown for
-    reference, not recommended); on a tie the simpler one. Returns (chosen or None, the paths compared)."""
+    reference, not recommended), one that fits outright before one at the edge; on a tie the simpler one.
+    Returns (chosen or None, the paths compared)."""
     compared = [p for p in paths if p.name in training]
-    fitting = [p for p in compared if p.fits]
+    fitting = outright_first(compared)
     if not fitting:
         return None, compared
     best = max(p.tokens_per_s * p.replicas for p in fitting)
@@ -71,13 +77,16 @@ WHY = message_table("plan.recommend.WHY")  # why the recommended path, in dsdoct
 
 def why(chosen, paths: list, lang: str) -> str:
     others = [p for p in paths if p is not chosen]
-    fits_others = [p for p in others if p.fits]
-    text = pick(WHY["fits"], lang).format(name=chosen.name, peak=human_bytes(chosen.gpu_peak_bytes),
-                                           speed=human_rate(machine_tokens_per_s(chosen)))
+    fits_others = [p for p in others if p.verdict == "fits"]
+    text = pick(WHY["edge" if chosen.verdict == "edge" else "fits"], lang).format(
+        name=chosen.name, peak=human_bytes(chosen.gpu_peak_bytes), speed=human_rate(machine_tokens_per_s(chosen)))
     if fits_others:
         best_other = max(fits_others, key=machine_tokens_per_s)
         text += pick(WHY["next"], lang).format(name=best_other.name, speed=human_rate(machine_tokens_per_s(best_other)))
     unfit = [p.name for p in others if not p.fits]
+    edge = [p.name for p in others if p.verdict == "edge"]
+    if edge:
+        text += pick(WHY["edge others"], lang).format(names=", ".join(edge))
     if unfit:
         text += pick(WHY["unfit"], lang).format(names=", ".join(unfit))
     if chosen.verdict == "edge":  # only paths at the edge of their measured band remain

@@ -87,3 +87,18 @@ class JobRequest(MachineRequest):
                              choices=("generate", "gather-once", "hybrid-engine", "vllm"),
                              shown="the job's, else HF generate")
 
+
+
+def measure_command(req: PlanRequest, wl, hw) -> str:
+    """The ``dsdoctor plan ... --measure`` line that settles an edge verdict (DSD234) on a machine with the GPU:
+    the user's flags, with the workload and machine as this plan resolved them."""
+    import shlex
+
+    gib = hw.gpu_memory // 2**30
+    flags = [("--model", req.model), ("--config", req.config if isinstance(req.config, (str, os.PathLike)) else None),
+             ("--batch", wl.batch), ("--prompt-len", wl.prompt_len), ("--new-tokens", wl.new_tokens),
+             ("--dtype", wl.dtype), ("--gpus", hw.gpus),
+             ("--host-memory", req.host_memory), ("--gpu-memory", f"{gib}GiB" if gib * 2**30 == hw.gpu_memory else hw.gpu_memory),
+             ("--gpu-name", req.gpu_name), ("--counts", None if req.counts == "auto" else req.counts),
+             ("--alloc-conf", req.alloc_conf), ("--transformers-version", req.transformers_version)]
+    return " ".join(["dsdoctor plan", *(f"{k} {shlex.quote(str(v))}" for k, v in flags if v is not None), "--measure"])

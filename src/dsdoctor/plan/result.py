@@ -31,6 +31,12 @@ def banded(value: int, band: dict | None, figure: str, lang: str) -> str:
         low=f"{b['low'] - 1:+.0%}", high=f"{b['high'] - 1:+.0%}", n=b["n"]) + ")"
 
 
+def searched(outright: int | None, edge: int | None, lang: str) -> str:
+    """A what-fits cell: the largest that fits outright, and the largest at the edge where it is larger."""
+    text = "-" if outright is None else str(outright)
+    return text + pick(TEXT["edge to"], lang).format(edge=edge) if edge else text
+
+
 @dataclass
 class PathPlan:
     name: str
@@ -48,8 +54,10 @@ class PathPlan:
     bound: str
     breakdown: dict
     host_breakdown: dict
-    max_batch: int | None = None
+    max_batch: int | None = None  # the largest that fits outright (its upper figure fits: evaluate.what_fits)
     max_prompt_len: int | None = None
+    edge_batch: int | None = None  # larger ones that fit by the prediction only (edge); None: none is larger
+    edge_prompt_len: int | None = None
     notes: list = field(default_factory=list)
     loading: str | None = None  # the loading method the host figures assume (plan/loading.py)
     host_file_bytes: int = 0  # mapped checkpoint pages (file-backed, reclaimable): beside host_peak_bytes
@@ -119,8 +127,8 @@ class PlanResult:
                 p.name + star, p.ranks, banded(p.gpu_peak_bytes, p.band, "allocated", lang),
                 banded(p.gpu_reserved_bytes, p.band, "reserved", lang),
                 human_bytes(p.host_peak_bytes), p.loading or "-", fit,
-                human_rate(p.tokens_per_s, 1), p.max_batch if p.max_batch is not None else "-",
-                p.max_prompt_len if p.max_prompt_len is not None else "-",
+                human_rate(p.tokens_per_s, 1), searched(p.max_batch, p.edge_batch, lang),
+                searched(p.max_prompt_len, p.edge_prompt_len, lang),
             ))
         return pick(TEXT["head"], lang), rows
 

@@ -144,7 +144,7 @@ def verdict(*, failed_run: tuple | None = None, ab=None, config_errors=(), plan_
         parts.append(TEXT["nothing fits"])
     elif chosen is not None:
         needs = path.startswith("zero3")
-        key = "needs zero3" if needs else "no zero3"
+        key = ("needs zero3" if needs else "no zero3") + (" edge" if chosen["verdict"] == "edge" else "")
         before = path_figures(plan_result, current) if current and current != path else None
         faster = ""
         if before and before["tokens_per_s"] and chosen["tokens_per_s"]:
