@@ -618,7 +618,7 @@ def _handed_zero(cfg: dict | None) -> bool:
 
     try:
         return bool(read_inference_config(cfg).zero)
-    except Exception:  # noqa: BLE001 -- a config beyond reading is reported as the run's, not checked here
+    except Exception:  # a config beyond reading is reported as the run's, not checked here
         return False
 
 

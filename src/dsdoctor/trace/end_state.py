@@ -26,6 +26,6 @@ def fits(shape: dict, path: str, gpu_total: int) -> bool:
         dtype = {"fp32": "fp32", "fp16": "fp16"}.get(shape.get("dtype") or "", None)
         mem = generate_peak(shape["model_config"], path, int(shape["batch"]), int(shape["prompt_len"]),
                             int(shape["new_tokens"]), gpus=max(int(shape.get("world_size") or 1), 1), dtype=dtype)
-    except Exception:  # noqa: BLE001 -- an architecture plan does not model: no end state is guessed
+    except Exception:  # an architecture plan does not model: no end state is guessed
         return False
     return mem is not None and mem.gpu_peak_bytes <= FILL * gpu_total
