@@ -28,7 +28,6 @@ ALLOWED = {
     "dsdoctor/checkpoint/tp.py::_category_map": 17,
     "dsdoctor/checkpoint/tp.py::_rebuild": 31,
     "dsdoctor/checkpoint/universal.py::plan_universal": 36,
-    "dsdoctor/checkpoint/unpickle.py::_load_zip": 22,
     "dsdoctor/checkpoint/unpickle.py::_opcode_table": 25,
     "dsdoctor/checkpoint/unpickle.py::prescan": 60,
     "dsdoctor/checkpoint/verify.py::_compare_reference": 25,
@@ -68,7 +67,6 @@ ALLOWED = {
 NOQA = {
     "dsdoctor/calibrate/api.py::calibrate",
     "dsdoctor/checkpoint/tp.py::_rebuild",
-    "dsdoctor/checkpoint/unpickle.py::_load_zip",
     "dsdoctor/checkpoint/unpickle.py::_opcode_table",
     "dsdoctor/checkpoint/unpickle.py::prescan",
     "dsdoctor/config/effective.py::effective_settings",
