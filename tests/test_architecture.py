@@ -126,8 +126,14 @@ ALLOWED = {
     "dsdoctor.compare": FOUNDATION | {"dsdoctor.model", "dsdoctor.checkpoint"},  # an adapter read as merge reads it
     "dsdoctor.trace": FOUNDATION | READING | {"dsdoctor.calibrate", "dsdoctor.plan"},
     "dsdoctor.envinfo": FOUNDATION | {"dsdoctor.config"},
+    # diagnose's own modules, each below the next: a step, its inputs, the way out, the pipeline
+    "dsdoctor.diagnose_step": FOUNDATION,
+    "dsdoctor.diagnose_inputs": FOUNDATION | READING | {"dsdoctor.diagnose_step"},
+    "dsdoctor.diagnose_exit": FOUNDATION | {"dsdoctor.checkpoint", "dsdoctor.trace", "dsdoctor.diagnose_step",
+                                            "dsdoctor.diagnose_inputs"},
     "dsdoctor.diagnose": FOUNDATION | READING | {"dsdoctor.calibrate", "dsdoctor.plan", "dsdoctor.checkpoint",
-                                                 "dsdoctor.compare", "dsdoctor.trace"},
+                                                 "dsdoctor.compare", "dsdoctor.trace", "dsdoctor.diagnose_step",
+                                                 "dsdoctor.diagnose_inputs", "dsdoctor.diagnose_exit"},
 }
 # what another package may use of a package it is allowed to import: its public entry, nothing inside
 PUBLIC = {"dsdoctor.plan": {"dsdoctor.plan.api"}}

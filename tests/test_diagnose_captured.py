@@ -93,7 +93,7 @@ def test_init_inference_script_is_not_told_to_split(tmp_path):
 
 
 def test_workload_flags_win_then_the_run_then_defaults_that_fit_the_model():
-    from dsdoctor.diagnose import _workload
+    from dsdoctor.diagnose_inputs import _workload
 
     run = {"batch": 2, "prompt_len": 6, "new_tokens": 8}
     assert _workload(None, None, None, run) == (2, 6, 8, "from the run")
@@ -182,7 +182,7 @@ def test_a_run_that_dies_at_load_still_ends_with_a_way_out(tmp_path):
 
 
 def test_the_commands_own_flags_say_the_model_and_workload():
-    from dsdoctor.diagnose import _workload, command_flags
+    from dsdoctor.diagnose_inputs import _workload, command_flags
 
     cmd = ["deepspeed", "--num_gpus", "2", "infer.py", "--model_name_or_path=/m", "--batch-size", "4",
            "--max_new_tokens", "32", "--prompt-len", "1024", "--dtype", "bf16", "--batch", "x"]

@@ -63,7 +63,7 @@ def test_zero3_offload_recommendation_keeps_offload_param_in_the_way_out(tmp_pat
 def test_a_zero3_paths_config_offloads_only_where_the_path_offloads():
     """The split config keeps the training config's offload_param; the way out's config follows the path:
     zero3 (it fits without offload) drops it, zero3-offload keeps the user's own offload settings."""
-    from dsdoctor.diagnose import _path_config
+    from dsdoctor.diagnose_exit import _path_config
 
     split = {"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1,
              "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": False},
@@ -106,7 +106,8 @@ def test_without_a_model_the_way_out_is_the_variant_ab_measured(tmp_path):
     """A failed run whose model nothing says (no variant generated, no --model anywhere): step 5 still answers,
     with the variant ab measured as the fix, its config written beside the report, and the summary says it."""
     from dsdoctor.config.load import load_config
-    from dsdoctor.diagnose import Inputs, _actions, _measured_exit
+    from dsdoctor.diagnose_exit import _actions, _measured_exit
+    from dsdoctor.diagnose_inputs import Inputs
     from dsdoctor.report.summary import before_after
     from dsdoctor.trace.diagnose_ab import AbResult, VariantResult
     from dsdoctor.trace.diagnose_ab import diagnose as ab_diagnose

@@ -11,53 +11,28 @@ cannot run says why and what command would run it, instead of failing the whole 
 """
 from __future__ import annotations
 
-import copy
-import shlex
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from dsdoctor import door
-from dsdoctor.dtypes import TORCH_NAMES, normalize_dtype
+from dsdoctor.diagnose_exit import _current, _measured_exit, _planned_exit, _summary
+from dsdoctor.diagnose_inputs import (
+    Captured,
+    Inputs,
+    Run,
+    _given_sources,
+    _inputs,
+    _load,
+    _no_config_reason,
+    command_flags,
+)
+from dsdoctor.diagnose_step import SKIPPED, STEP_TITLES, SUMMARY, TEXT, Step, _details, _shell, _skipped, _with_inputs
 from dsdoctor.errors import InputError
 from dsdoctor.findings import Finding, Phrase, exit_code, sort_findings
-from dsdoctor.i18n import LANGS, fill, message_table, pick
-from dsdoctor.report.render import Style, findings_markdown, findings_text, to_json, without_findings, write_report
-from dsdoctor.report.summary import TEXT as SUMMARY_TEXT
-from dsdoctor.report.summary import Action, Summary, before_after
-from dsdoctor.report.summary import verdict as summary_verdict
+from dsdoctor.i18n import LANGS, fill, pick
+from dsdoctor.report.render import Style, findings_markdown, findings_text, write_report
+from dsdoctor.report.summary import Summary
 from dsdoctor.units import human_bytes
-
-# the texts live in dsdoctor/messages.json
-STEP_TITLES = message_table("diagnose.STEP_TITLES")
-TEXT = message_table("diagnose.TEXT")
-SUMMARY = message_table("diagnose.SUMMARY")  # what each step found, per situation
-SKIPPED = message_table("diagnose.SKIPPED")  # why a step was skipped
-
-
-def bundled_example() -> tuple[Path, Path]:
-    """The bundled training ZeRO-3 offload config and 7B Llama-shaped config.json."""
-    root = Path(str(resources.files("dsdoctor") / "examples"))
-    return root / "train_zero3_offload.json", root / "llama-7b"
-
-
-@dataclass
-class Step:
-    key: str
-    status: str  # done, skipped, failed
-    summary: dict[str, str]  # lang -> one paragraph
-    findings: list[Finding] = field(default_factory=list)
-    details_md: str = ""  # Markdown of the underlying result
-    data: dict = field(default_factory=dict)
-    artifacts: list[str] = field(default_factory=list)  # files written, relative to the report directory
-    commands: list[str] = field(default_factory=list)  # what to run next
-
-    def to_dict(self, lang: str) -> dict:
-        return {
-            "step": self.key, "status": self.status, "summary": self.summary.get(lang) or self.summary["en"],
-            "findings": [f.to_dict(lang) for f in sort_findings(self.findings)], "data": self.data,
-            "artifacts": self.artifacts, "commands": self.commands,
-        }
 
 
 @dataclass
@@ -165,16 +140,6 @@ class DiagnoseResult:
         return out
 
 
-def _shell(args) -> str:
-    return " ".join(shlex.quote(str(a)) for a in args)
-
-
-def _details(result, lang: str) -> str:
-    """A step's full result in Markdown, its findings left out (the step lists them, once)."""
-    with without_findings():
-        return result.to_markdown(lang)
-
-
 def _cuda_available() -> bool:
     try:
         import torch
@@ -269,101 +234,6 @@ def _step_ab(command, tmp: Path, timeout, lang) -> tuple[Step, object]:
                 data={"ab": result.to_dict(lang)}, commands=[diag.fix(lang)] if diag else []), result
 
 
-def current_path(stage, offload_param, tp_size=None) -> str:
-    """The plan path a config amounts to: ZeRO-3 (with its offload), tensor parallel, else plain."""
-    if stage == 3:
-        return {"cpu": "zero3-offload", "nvme": "zero3-offload-nvme"}.get(offload_param or "", "zero3")
-    return "tp" if (tp_size or 1) > 1 else "plain"
-
-
-def _compare_path(path: str) -> str | None:
-    """compare's name for a plan path (compare runs plain, zero3, zero3-offload and tp)."""
-    if path.startswith("tp"):
-        return "tp"
-    return path if path in ("plain", "zero3", "zero3-offload") else None
-
-
-def _launches(code: str | None) -> list[str]:
-    """The launch lines plan's emitted code names in its comments (``# deepspeed --num_gpus 1 run.py``)."""
-    out = []
-    for line in (code or "").splitlines():
-        text = line.lstrip("#").strip().rstrip("&").strip()
-        if line.startswith("#") and text.split(" ", 1)[0] in ("deepspeed", "torchrun", "python"):
-            out.append(text.replace("run.py", "your_infer.py"))
-    return out
-
-
-def _path_config(path: str, split_config: dict | None, recommended: dict | None) -> dict:
-    """The deepspeed.initialize config of a ZeRO-3 path: the split inference config where there is one (its
-    knobs kept), with offload_param as the path needs it (offload only when the path offloads)."""
-    cfg = copy.deepcopy(split_config) if split_config else copy.deepcopy(recommended or {})
-    cfg.setdefault("train_micro_batch_size_per_gpu", 1)
-    zero = cfg.setdefault("zero_optimization", {})
-    zero["stage"] = 3
-    want = ((recommended or {}).get("zero_optimization") or {}).get("offload_param")
-    have = zero.get("offload_param") if isinstance(zero.get("offload_param"), dict) else None
-    if path == "zero3":
-        zero.pop("offload_param", None)
-    elif want and (have is None or have.get("device") != want.get("device")):
-        zero["offload_param"] = copy.deepcopy(want)
-    return cfg
-
-
-def _exit_step(path, plan_result, model, checkpoint, out: Path, gpus, merged: dict | None, tmp: Path,
-               split_config: dict | None = None, traced_stage: int | None = None,
-               current: str | None = None) -> Step:
-    """Step 5: the path step 2 recommends, with its code and commands: leave ZeRO-3 for a plain load or for
-    tensor parallelism (TP is not ZeRO-3), or keep ZeRO-3 with the config of that path (offload_param kept
-    only where the path offloads). merge and verify only when there are shards (``checkpoint``); compare the
-    tokens only then, against the path the config ran."""
-    model_arg = shlex.quote(str(model))
-    rec = plan_result.recommended if plan_result is not None else None
-    code = rec.code if rec is not None else None
-    if path == "plain" and not checkpoint and traced_stage is not None and traced_stage != 3:
-        # the traced run already loads the whole model on each rank: there is no ZeRO-3 to leave
-        edge = " edge" if plan_result.path(path).verdict == "edge" else ""  # only plan's prediction fits (DSD234)
-        return Step("exit", "done", fill(SUMMARY["keep plain" + edge], stage=traced_stage), data={"path": path, "merged": None})
-    n = gpus or (plan_result.hardware.gpus if plan_result else None) or 1
-    chosen = plan_result.path(path) if plan_result is not None and path else None
-    cmds: list[str] = []
-    shards = bool(checkpoint)
-    merged_dir = shlex.quote(str(out / "merged")) if shards else "MERGED_DIR"
-    if shards:  # the weights are ZeRO shards: ordinary weights first, checked against the model
-        if not merged:
-            cmds.append(f"dsdoctor merge {shlex.quote(str(checkpoint))} {merged_dir} --dtype bf16 --model {model_arg}")
-        cmds.append(f"dsdoctor verify {merged_dir} --model {model_arg}")
-    data = {"path": path, "merged": merged, "code": code, "config": None}
-    artifacts: list[str] = []
-    if path is None or path == "plain":
-        cmds += _launches(code)
-        summary = fill(SUMMARY["leave zero3 shards" if shards else "leave zero3"])
-        if merged:
-            more = fill(SUMMARY["merged"], summary=merged.get("summary", ""))
-            summary = {lang: text + more[lang] for lang, text in summary.items()}
-    elif path.startswith("tp"):
-        k = (chosen.tp if chosen is not None and chosen.tp else None) or n
-        replicas = chosen.replicas if chosen is not None else 1
-        cmds += _launches(code)
-        summary = fill(SUMMARY["tp groups" if replicas > 1 else "tp"], n=k, groups=replicas, total=k * replicas)
-    else:
-        cfg = _path_config(path, split_config, rec.ds_config if rec is not None else None)
-        if split_config is not None and cfg == split_config:
-            name, where = "ds_inference.json", fill(SUMMARY["split config"], file=out / "ds_inference.json")
-        else:
-            name = f"ds_{path}.json"
-            door.write_new(tmp / name, to_json(cfg))
-            artifacts.append(name)
-            where = fill(SUMMARY["path config"], file=out / name, path=path)
-        data["config"] = cfg
-        cmds.append(f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / name))}")
-        summary = fill(SUMMARY["keep zero3"], path=path, config=where)
-    new, old = _compare_path(path or "plain"), _compare_path(current or "")
-    if shards and new and old and new != old:
-        k = (chosen.tp if chosen is not None and chosen.tp else n) if new == "tp" else n
-        cmds.append(f"dsdoctor compare {merged_dir} --paths {new},{old} --gpus {max(k, 2)}")
-    return Step("exit", "done", summary, commands=cmds, data=data, artifacts=artifacts)
-
-
 def _final_paths(steps: list[Step], tmp: Path, out: Path) -> None:
     """The report names the files where they will be (``out``), never the folder it is being built in."""
     def fix(value):
@@ -384,336 +254,6 @@ def _final_paths(steps: list[Step], tmp: Path, out: Path) -> None:
             f.values = {k: fix(v) for k, v in f.values.items()}
 
 
-def _current(check_result, captured) -> str | None:
-    """The plan path the user's config (or traced run) amounts to: what "before" is."""
-    if check_result is not None and check_result.inference_config is not None:
-        return current_path(None, None, check_result.inference_config.tp_size)
-    if check_result is not None:
-        eff = check_result.effective
-        return current_path(eff.zero_stage, eff.offload_param.device)
-    if captured is not None and captured.stage is not None:
-        tp = (captured.init_inference or {}).get("tp_size")
-        return current_path(captured.stage, captured.offload_param, tp if isinstance(tp, int) else None)
-    return None
-
-
-def _summary(steps: list[Step], plan_result, path, current, traced, ab_result, command, checkpoint) -> Summary:
-    """The answer the report leads with (report/summary.py): verdict, actions, predicted before -> after."""
-    config_errors = [f for s in steps if s.key == "effective" and "trace" not in s.data for f in s.findings
-                     if f.effective_severity == "error"]
-    decisive = ab_result.diagnosis if ab_result is not None and ab_result.diagnosis is not None and \
-        ab_result.diagnosis.code in ("DSD316", "DSD317") else None
-    text = summary_verdict(failed_run=_failed_run(traced), ab=decisive, config_errors=config_errors,
-                           plan_result=plan_result, path=path, current=current)
-    exit_step = next((s for s in steps if s.key == "exit"), None)
-    return Summary(text, _actions(exit_step, plan_result, path, command, ab_result, checkpoint),
-                   *before_after(plan_result, path, current, ab_result))
-
-
-def _failed_run(run) -> tuple | None:
-    """(rank, {lang: how it ended}) of the rank that ended a failed traced run, from trace's endings."""
-    if run is None or run.status == "ok":
-        return None
-    from dsdoctor.trace.ending import ending_text
-
-    root = next((r for r in run.ranks if (r.ending or {}).get("kind") not in (None, "finished", "by-launcher")), None)
-    if root is None:
-        return "?", {lang: run.status for lang in LANGS}
-    return root.rank, {lang: ending_text(root.ending, lang) for lang in LANGS}
-
-def _actions(exit_step: Step | None, plan_result, path, command, ab_result, checkpoint) -> list[Action]:
-    """Up to three things to do, in order: the shards into weights (when there are shards), the way out of
-    step 5, then what confirms it (ab on the user's run, compare on the merged weights) or what DSD220 asks."""
-    if exit_step is None or exit_step.status != "done":
-        return []
-    cmds = exit_step.commands
-    shard_cmds = [c for c in cmds if c.startswith(("dsdoctor merge", "dsdoctor verify"))]
-    compare = [c for c in cmds if c.startswith("dsdoctor compare")]
-    launch = [c for c in cmds if c not in shard_cmds and c not in compare]
-    out = []
-    if shard_cmds:
-        out.append(Action(SUMMARY_TEXT["act-shards"], shard_cmds))
-    if exit_step.data.get("measured"):
-        out.append(Action(fill(SUMMARY_TEXT["act-measured"], variant=exit_step.data["measured"]), launch))
-    elif path is None or path == "plain":
-        out.append(Action(SUMMARY_TEXT["act-plain"], launch))
-    elif path.startswith("tp"):
-        chosen = plan_result.path(path) if plan_result is not None else None
-        out.append(Action(fill(SUMMARY_TEXT["act-tp"], n=(chosen.tp if chosen is not None and chosen.tp else 1)),
-                          launch))
-    else:
-        config = launch[0].rsplit(" ", 1)[-1] if launch else "-"
-        out.append(Action(fill(SUMMARY_TEXT["act-zero3"], path=path, file=f"`{config}`"), launch))
-    measure = _measure_command(plan_result, path)
-    if measure:  # the way out fits by plan's prediction only (DSD234): what settles it comes right after it
-        out.append(Action(SUMMARY_TEXT["act-measure"], [measure]))
-    if compare:
-        out.append(Action(SUMMARY_TEXT["act-compare"], compare))
-    elif command and ab_result is None:
-        out.append(Action(SUMMARY_TEXT["act-ab"], [f"dsdoctor ab --out ab -- {_shell(command)}"]))
-    elif not command:
-        out.append(Action(SUMMARY_TEXT["act-trace"], ["dsdoctor diagnose --out diag -- python your_infer.py"]))
-    fragmented = plan_result is not None and any(
-        f.code == "DSD220" and str(f.values.get("path")) == str(path) for f in plan_result.findings)
-    if fragmented:
-        out.append(Action(SUMMARY_TEXT["act-expandable"], ["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]))
-    return out[:3]
-
-
-def _measure_command(plan_result, path) -> str | None:
-    """The ``dsdoctor plan ... --measure`` line DSD234 gives when the recommended path is at the edge."""
-    chosen = plan_result.path(path) if plan_result is not None and path else None
-    edge = next((f for f in plan_result.findings if f.code == "DSD234"), None) if chosen is not None else None
-    if chosen is None or chosen.verdict != "edge" or edge is None:
-        return None
-    return edge.values["measure"].values.get("command")
-
-
-def _merge(checkpoint, model, tmp: Path, lang) -> tuple[dict, list[Finding]]:
-    from dsdoctor.checkpoint.merge import merge
-    from dsdoctor.checkpoint.verify import verify
-
-    merged = merge(checkpoint, tmp / "merged", model=model)
-    checked = verify(tmp / "merged", model=model)
-    summary = f"{merged.tensors} tensors written to merged/; verify: {len(checked.findings)} finding(s)."
-    return {"summary": summary, "merge": merged.to_dict(lang), "verify": checked.to_dict(lang)}, list(checked.findings)
-
-
-DEFAULT_WORKLOAD = {"batch": 1, "prompt_len": 512, "new_tokens": 128}
-ZERO_CONFIG_APIS = ("deepspeed.initialize", "HfDeepSpeedConfig")
-
-
-@dataclass
-class Captured:
-    """What a traced run handed over: its DeepSpeed config, its model, its generate workload (each may be None)."""
-    config: dict | None = None
-    config_api: str | None = None
-    config_source: str | None = None
-    model_dir: Path | None = None  # a directory holding the captured config.json, for plan and check
-    model_class: str | None = None
-    num_params: int | None = None
-    dtype: str | None = None
-    workload: dict | None = None
-    world_size: int | None = None
-    init_inference: dict | None = None  # the summary of an init_inference call (tp_size, ...)
-    init_inference_config: dict | None = None  # the config init_inference received (with its keyword arguments)
-    offload_param: str | None = None  # what DeepSpeed ran: cpu, nvme or None
-    stage: int | None = None  # the ZeRO stage DeepSpeed ran (None: no DeepSpeed engine was built)
-    encoder_decoder: bool = False
-    unreadable: str | None = None  # why the captured config could not be read, when it could not
-    model_from: str = "from the run"  # or "from ab's variant NAME": the trace that recorded model and workload
-    variant_workload: dict | None = None  # the workload of ab's variant that ran, when the run never generated
-    variant: str | None = None
-    flags: dict = field(default_factory=dict)  # what the command's own flags say (``command_flags``)
-
-    @classmethod
-    def from_trace(cls, traced, tmp: Path) -> Captured:
-        ranks = sorted(traced.ranks, key=lambda r: r.rank)
-        c = cls()
-        for r in ranks:
-            passed = r.config_passed or {}
-            if c.config is None and passed.get("api") in ZERO_CONFIG_APIS and isinstance(r.config_captured, dict):
-                c.config, c.config_api, c.config_source = r.config_captured, passed["api"], passed.get("source")
-            if c.init_inference is None and passed.get("api") == "deepspeed.init_inference":
-                c.init_inference = dict(passed)
-                c.init_inference_config = r.config_captured if isinstance(r.config_captured, dict) else None
-            c.offload_param = c.offload_param or r.offload_param or passed.get("offload_param")
-            if c.model_dir is None and r.model_captured and isinstance(r.model_captured.get("config"), dict):
-                m = r.model_captured
-                directory = door.make_dir(tmp / "model")
-                saved = dict(m["config"])
-                if not saved.get("architectures") and m.get("model_class"):
-                    saved["architectures"] = [m["model_class"]]
-                if not (saved.get("torch_dtype") or saved.get("dtype")) and m.get("param_dtype"):
-                    saved["torch_dtype"] = m["param_dtype"]  # the dtype the run's weights really had
-                door.write_new(directory / "config.json", to_json(saved))
-                c.model_dir, c.model_class, c.num_params = directory, m.get("model_class"), m.get("num_params")
-                c.encoder_decoder = bool(m.get("is_encoder_decoder"))
-                c.dtype = normalize_dtype(str(m.get("param_dtype")))
-            if c.workload is None and r.workload:
-                c.workload = r.workload
-            c.world_size = c.world_size or r.world_size
-            if c.stage is None:
-                configured = (r.config_passed or {}).get("stage")
-                c.stage = r.zero_stage if r.zero_stage is not None else configured if isinstance(configured, int) \
-                    else None
-        if c.stage is None and ranks:
-            c.stage = 0  # the run built no DeepSpeed engine and passed no stage: nothing is partitioned
-            if c.dtype is None or r.dtype:
-                c.dtype = r.dtype or c.dtype
-        if c.config is not None:
-            door.write_new(tmp / "ds_config_captured.json", to_json(c.config))
-        return c
-
-    def add_variant(self, ab_result, tmp: Path) -> None:
-        """What the run never reached, from the variant of ab that ran (the fix ab names first): the model it
-        built (its config.json), its dtype and the workload it generated with."""
-        ran = [v for v in (ab_result.variants if ab_result is not None else []) if v.status == "ok" and v.shape]
-        fix = ab_result.diagnosis if ab_result is not None else None
-        named = str(fix.values.get("variant")) if fix is not None and fix.code == "DSD316" else None
-        v = next((v for v in ran if v.name == named), ran[0] if ran else None)
-        if v is None:
-            return
-        self.variant, shape = v.name, v.shape
-        self.variant_workload = {k: shape.get(k) for k in ("batch", "prompt_len", "new_tokens")}
-        if self.model_dir is None and isinstance(shape.get("model_config"), dict):
-            saved = dict(shape["model_config"])
-            short = normalize_dtype(str(shape.get("dtype")))
-            if not (saved.get("torch_dtype") or saved.get("dtype")) and short in TORCH_NAMES:
-                saved["torch_dtype"] = TORCH_NAMES[short]  # transformers reads torch's name, not bf16/fp32
-            directory = door.make_dir(tmp / "model")
-            door.write_new(directory / "config.json", to_json(saved))
-            self.model_dir, self.model_from = directory, f"from ab's variant {v.name}"
-            self.model_class = (saved.get("architectures") or [None])[0]
-            self.dtype = self.dtype or short
-        self.world_size = self.world_size or shape.get("world_size")
-
-    def workloads(self) -> list[tuple]:
-        """The workloads the run says, in order: (dict, where it came from)."""
-        return [(self.workload, "the run"), (self.variant_workload, f"ab's variant {self.variant}"),
-                (self.flags, "the command line")]
-
-    def config_file(self) -> str | None:
-        """The file the run read its config from, when it still says what the run passed (checks then name it)."""
-        src = self.config_source
-        if not src or src == "dict" or not Path(src).is_file():
-            return None
-        try:
-            from dsdoctor.config.load import load_config
-
-            return src if load_config(src).raw == self.config else None
-        except Exception:
-            return None
-
-    def config_text(self) -> str:
-        src = self.config_source if self.config_source not in (None, "dict") else "a dict built in the script"
-        return f"captured from {self.config_api}: {src}"
-
-    def model_text(self) -> str:
-        n = f"{self.num_params / 1e6:.2f}M parameters" if self.num_params else "parameters unknown"
-        return f"captured {self.model_from}: {self.model_class or 'model'}, {n}"
-
-
-FLAGS = {  # what a command's own flags say, as inference scripts spell them
-    "model": ("--model", "--model_name_or_path", "--model-name-or-path", "--model_path", "--model-path"),
-    "batch": ("--batch", "--batch-size", "--batch_size"), "dtype": ("--dtype", "--torch-dtype", "--torch_dtype"),
-    "prompt_len": ("--prompt-len", "--prompt_len", "--input-len", "--input_len"),
-    "new_tokens": ("--new-tokens", "--new_tokens", "--max-new-tokens", "--max_new_tokens"),
-}
-
-
-def command_flags(command: list[str]) -> dict:
-    """{"model", "batch", "prompt_len", "new_tokens", "dtype"} as the command's flags give them (``--batch 4`` or
-    ``--batch=4``); numbers as ints, the model's flag kept to say where it came from."""
-    out: dict = {}
-    args = [str(a) for a in command]
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        key = next((k for k, names in FLAGS.items() if flag in names), None)
-        if key is None or not value or key in out:
-            continue
-        if key in ("model", "dtype"):
-            out[key] = value
-            if key == "model":
-                out["model flag"] = flag
-        elif value.isdigit() and int(value) > 0:
-            out[key] = int(value)
-    return out
-
-
-def _handed_zero(cfg: dict | None) -> bool:
-    """An init_inference config that carries a ZeRO section (``zero``, or a ZeRO config as ``args``)."""
-    if not isinstance(cfg, dict):
-        return False
-    from dsdoctor.config.inference_config import read_inference_config
-
-    try:
-        return bool(read_inference_config(cfg).zero)
-    except Exception:  # noqa: BLE001 -- a config beyond reading is reported as the run's, not checked here
-        return False
-
-
-def _unreadable_model(directory: Path) -> str | None:
-    """None when dsdoctor can read the captured config.json as a model spec, else the problem."""
-    from dsdoctor.model.spec import load_model_spec
-
-    try:
-        load_model_spec(directory)
-    except InputError as exc:
-        return exc.problem
-    return None
-
-
-def _workload_value(given, found: list[tuple], key: str) -> tuple[int, str]:
-    """A workload number and where it came from: the flag, what the run says (``found``: (dict, where) in order:
-    the traced generate, ab's variant that ran, the command's flags), or the default."""
-    if given is not None:
-        return given, "given"
-    for values, where in found:
-        value = (values or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value, where
-    return DEFAULT_WORKLOAD[key], "default"
-
-
-def _skipped(key: str, why: dict[str, str], commands: list[str] | None = None) -> Step:
-    return Step(key, "skipped", fill(SUMMARY["skipped"], why=why), commands=commands or [])
-
-
-def _no_config_reason(captured: Captured | None) -> dict[str, str]:
-    if captured is not None and captured.init_inference is not None:
-        return fill(SKIPPED["init_inference"], tp=captured.init_inference.get("tp_size") or 1)
-    if captured is not None and captured.unreadable:
-        return fill(SKIPPED["unreadable config"], problem=captured.unreadable)
-    if captured is not None:
-        return SKIPPED["no config passed"]
-    return SKIPPED["no config"]
-
-
-def _load(config):
-    from dsdoctor.config.load import load_config
-
-    return load_config(config)
-
-
-def _given_sources(command, config, model) -> tuple:
-    """(config, model, sources) before anything runs: the bundled example when nothing is given; bad input ends."""
-    if command is None and config is None and model is None:
-        config, model = bundled_example()
-        return config, model, {"config": "bundled example", "model": "bundled example"}
-    if command is None and config is None:
-        raise InputError("diagnose needs --config (the DeepSpeed config your inference uses), or your command "
-                         "after -- to capture it from the run")
-    if command is None and model is None:
-        raise InputError("diagnose needs --model (a local model directory or its config.json), or your command "
-                         "after -- to capture it from the run")
-    return config, model, {}
-
-
-@dataclass
-class Inputs:
-    """What the steps plan and check with, each with where it came from (``sources``)."""
-    config: object
-    loaded: object
-    model: object
-    gpus: int | None
-    dtype: str | None
-    workload: tuple
-    sources: dict
-
-
-@dataclass
-class Run:
-    """What running the user's command gave: its trace and what it handed over, and ab when it ran."""
-    captured: Captured
-    trace_step: Step
-    traced: object
-    ab_step: Step | None = None
-    ab_result: object = None
-
-
 def _run_command(command, tmp: Path, timeout, lang, out: Path) -> Run:
     """Trace the command; run ab when there is a GPU, or when the run failed (a failed run is evidence: ab finds
     the variant that runs, and that variant's trace says the model and workload the failed run never reached)."""
@@ -724,73 +264,6 @@ def _run_command(command, tmp: Path, timeout, lang, out: Path) -> Run:
         run.captured.add_variant(run.ab_result, tmp)
     run.captured.flags = command_flags(command)
     return run
-
-
-def _captured_config(config, loaded, captured: Captured, sources: dict) -> tuple:
-    """The config to check: the one given, else what the run handed to DeepSpeed."""
-    if config is None and captured.config is None and _handed_zero(captured.init_inference_config):
-        config = captured.init_inference_config  # a ZeRO section init_inference ignores: check and split it
-        sources["config"] = "captured from deepspeed.init_inference: a zero section it ignores"
-        return config, _load(config)
-    if config is None and captured.config is not None:
-        try:
-            loaded = _load(captured.config_file() or captured.config)
-            config, sources["config"] = captured.config_file() or captured.config, captured.config_text()
-        except InputError as exc:  # the run's config is beyond reading: report the run without it
-            captured.unreadable = exc.problem
-    return config, loaded
-
-
-def _captured_model(captured: Captured, sources: dict):
-    """The model the run built (or the variant that ran, or the command line names), when plan can take it."""
-    if captured.model_dir is not None:
-        problem = _unreadable_model(captured.model_dir)
-        if problem is None and captured.encoder_decoder:
-            problem = "an encoder-decoder model; plan models decoder-only LLMs"
-        if problem is None:
-            sources["model"] = captured.model_text()
-            return captured.model_dir
-        sources["model"] = f"{captured.model_text()}; plan cannot take it: {problem}"
-    named = captured.flags.get("model")
-    if named is not None:
-        problem = _unreadable_model(Path(named)) if Path(named).exists() else "not a local directory here"
-        if problem is None:
-            sources["model"] = f"from the command line: {captured.flags['model flag']} {named}"
-            return named
-        sources.setdefault("model", f"the command line names {named} ({problem}; pass --model DIR)")
-    return None
-
-
-def _inputs(config, loaded, model, gpus, dtype, given: tuple, run: Run | None, sources: dict) -> Inputs:
-    """Every input of the steps, from the flags, else from the run (its trace, the variant of ab that ran, its
-    command line), else the defaults; ``sources`` says which for each."""
-    captured = run.captured if run is not None else None
-    if captured is not None:
-        config, loaded = _captured_config(config, loaded, captured, sources)
-        if model is None:
-            model = _captured_model(captured, sources)
-    if config is None:
-        sources["config"] = _no_config_reason(captured)["en"]
-    sources.setdefault("config", "given")
-    sources.setdefault("model", "given" if model is not None else "the run built no model dsdoctor could read")
-    from_run = sources["model"] != "given"
-    wl = _workload(*given, captured.workloads() if captured else None,
-                   _max_positions(model) if from_run and model is not None else None)
-    sources["workload"] = f"batch {wl[0]}, prompt {wl[1]} tokens, {wl[2]} new tokens ({wl[3]})"
-    if gpus is None and captured is not None and captured.world_size and from_run:
-        gpus = captured.world_size
-    dtype, sources["dtype"] = _dtype(dtype, captured, from_run)
-    return Inputs(config, loaded, model, gpus, dtype, wl, sources)
-
-
-def _dtype(dtype, captured: Captured | None, from_run: bool) -> tuple:
-    """The dtype and where it came from: the flag, the run's weights, the command's --dtype, else config.json."""
-    flagged = normalize_dtype(captured.flags["dtype"]) if captured is not None and captured.flags.get("dtype") else None
-    if dtype is not None:
-        return dtype, "given"
-    if captured is not None and from_run and captured.dtype:
-        return captured.dtype, f"{captured.dtype}, {captured.model_from}"
-    return flagged, (f"{flagged}, from the command line" if flagged else "the model's config.json")
 
 
 def _plan_or_skip(inputs: Inputs, gpu_memory, host_memory, tmp: Path, lang, machine, captured) -> tuple:
@@ -810,13 +283,6 @@ def _plan_or_skip(inputs: Inputs, gpu_memory, host_memory, tmp: Path, lang, mach
     step.summary = _with_inputs(step.summary, inputs.sources)
     step.data["inputs"] = {k: inputs.sources.get(k) for k in ("model", "dtype", "workload")}
     return step, result
-
-
-def _with_inputs(summary: dict, sources: dict) -> dict:
-    """A step's summary followed by where its inputs came from."""
-    more = fill(SUMMARY["inputs"], model=sources.get("model"), dtype=sources.get("dtype"),
-                workload=sources.get("workload"))
-    return {lang: f"{text} {more[lang]}" for lang, text in summary.items()}
 
 
 def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, host_memory=None,
@@ -849,17 +315,21 @@ def diagnose(config=None, model=None, gpus: int | None = None, gpu_memory=None, 
         steps, plan_result, path, current = _steps(inputs, run, command, checkpoint, gpu_memory, host_memory,
                                                    tmp, out, lang, machine)
         _final_paths(steps, tmp, out)
-        captured = run.captured if run is not None else None
-        shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
-            inputs.model == captured.model_dir else inputs.model
-        shown_config = inputs.config if not isinstance(inputs.config, dict) else out / "ds_config_captured.json"
         summary = _summary(steps, plan_result, path, current, run.traced if run else None,
                            run.ab_result if run else None, command, checkpoint)
-        result = DiagnoseResult(str(shown_config) if shown_config is not None else "none",
-                                str(shown_model) if shown_model is not None else "none", str(out), steps, path, lang,
-                                inputs.sources, summary)
+        result = DiagnoseResult(*_shown(inputs, run, out), str(out), steps, path, lang, inputs.sources, summary)
         write_report(result, tmp, lang, html_title="dsdoctor diagnosis")
     return result
+
+
+def _shown(inputs: Inputs, run: Run | None, out: Path) -> tuple[str, str]:
+    """The config and model the report names: where they will be (``out``) when the run handed them over."""
+    captured = run.captured if run is not None else None
+    shown_model = out / "model" if captured is not None and captured.model_dir is not None and \
+        inputs.model == captured.model_dir else inputs.model
+    shown_config = inputs.config if not isinstance(inputs.config, dict) else out / "ds_config_captured.json"
+    return (str(shown_config) if shown_config is not None else "none",
+            str(shown_model) if shown_model is not None else "none")
 
 
 def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, host_memory, tmp: Path, out: Path,
@@ -885,18 +355,10 @@ def _steps(inputs: Inputs, run: Run | None, command, checkpoint, gpu_memory, hos
     path = plan_result.recommended.path if plan_result is not None else None
     current = _current(check_result, captured)
     if plan_result is not None:
-        merged, merge_findings = None, []
-        if checkpoint and (path is None or not path.startswith("zero3")):
-            merged, merge_findings = _merge(checkpoint, inputs.model, tmp, lang)
-        shown = out / "model" if captured is not None and inputs.model == captured.model_dir else inputs.model
-        exit_step = _exit_step(path, plan_result, shown, checkpoint, out, inputs.gpus, merged, tmp,
-                               split_config=split_step.data.get("config"), traced_stage=captured.stage if captured else None,
-                               current=current)
-        exit_step.findings += merge_findings
-        exit_step.summary = _with_inputs(exit_step.summary, inputs.sources)
+        steps.append(_planned_exit(inputs, plan_result, path, current, captured, checkpoint, split_step, tmp, out,
+                                   lang))
     else:
-        exit_step = _measured_exit(run.ab_result if run else None, inputs, tmp, out)
-    steps.append(exit_step)
+        steps.append(_measured_exit(run.ab_result if run else None, inputs, tmp, out))
     return steps, plan_result, path, current
 
 
@@ -907,59 +369,6 @@ def _split_or_skip(inputs: Inputs, check_result, captured, tmp: Path, out: Path,
     if inputs.config is not None:  # an init_inference config without a ZeRO section: nothing to split
         return _skipped("split", fill(SKIPPED["init_inference config"], tp=inference_cfg.tp_size))
     return _skipped("split", _no_config_reason(captured))
-
-
-def _measured_exit(ab_result, inputs: Inputs, tmp: Path, out: Path) -> Step:
-    """Step 5 without a plan: the variant ab measured as the fix (DSD316), its config written beside the report."""
-    fix = ab_result.diagnosis if ab_result is not None else None
-    if fix is None or fix.code != "DSD316":
-        return _skipped("exit", SKIPPED["no plan"])
-    from dsdoctor.trace.variants import apply_variant
-
-    name = str(fix.values["variant"])
-    variant = next(v for v in ab_result.variants if v.name == name)
-    n = inputs.gpus or (variant.shape or {}).get("world_size") or 1
-    cfg = apply_variant(name, inputs.loaded.raw) if inputs.loaded is not None else None
-    if cfg is not None:
-        door.write_new(tmp / f"ds_{name}.json", to_json(cfg))
-    cmds = [f"deepspeed --num_gpus {n} your_infer.py --deepspeed_config {shlex.quote(str(out / f'ds_{name}.json'))}"]
-    summary = fill(SUMMARY["measured way out"], variant=name, fix={x: fix.fix(x) for x in LANGS},
-                   tps=f"{variant.tokens_per_s:.1f}" if variant.tokens_per_s else "-")
-    return Step("exit", "done", _with_inputs(summary, inputs.sources), commands=cmds if cfg else [],
-                artifacts=[f"ds_{name}.json"] if cfg else [], data={"path": None, "measured": name, "config": cfg})
-
-
-def _max_positions(model) -> int | None:
-    try:
-        from dsdoctor.model.spec import load_model_spec
-
-        value = load_model_spec(model).max_position_embeddings
-    except Exception:
-        return None
-    return value if isinstance(value, int) and value > 1 else None
-
-
-def _workload(batch, prompt_len, new_tokens, found: dict | list | None,
-              max_positions: int | None = None) -> tuple[int, int, int, str]:
-    """(batch, prompt, new tokens, where they came from). ``found``: what the run says, a dict (the traced
-    generate) or (dict, where) pairs in order. Defaults that do not fit a captured model's context (a run that
-    never called generate, with a small model) shrink to fit: 3/4 prompt, 1/4 new tokens."""
-    found = [(found, "the run")] if isinstance(found, dict) else (found or [])
-    b, bs = _workload_value(batch, found, "batch")
-    p, ps = _workload_value(prompt_len, found, "prompt_len")
-    n, ns = _workload_value(new_tokens, found, "new_tokens")
-    if max_positions and p + n > max_positions:
-        if ps == "default":
-            p = max(1, min(p, (max_positions * 3) // 4 - (0 if ns == "default" else n)))
-        if ns == "default":
-            n = max(1, min(n, max_positions - p))
-    kinds = {bs, ps, ns}
-    if len(kinds) == 1:
-        how = {"default": "defaults", "given": "given"}.get(bs, f"from {bs}")
-    else:
-        how = ", ".join(f"{k} {'from ' + v if v not in ('given', 'default') else v}"
-                        for k, v in (("batch", bs), ("prompt", ps), ("new tokens", ns)))
-    return b, p, n, how
 
 
 def diagnose_exit_code(result: DiagnoseResult, fail_on: str) -> int:

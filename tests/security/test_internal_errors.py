@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from dsdoctor.checkpoint.plan import check_world_size
 from dsdoctor.errors import InputError
 from dsdoctor.trace.records import read_records, valid_event
-from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import TraceResult, run_status, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from dsdoctor.trace.variants import parse_variants
 from dsdoctor.units import parse_bytes
 from tests.helpers import run_cli, write_model_config

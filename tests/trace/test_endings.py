@@ -21,7 +21,8 @@ from dsdoctor.trace import ending
 from dsdoctor.trace.diagnose_ab import AbResult, VariantResult, diagnose
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import TraceResult, run_status, settle_timeout, summarize_rank, trace_findings
+from dsdoctor.trace.report import TraceResult, run_status, settle_timeout, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
 GiB = 1024**3

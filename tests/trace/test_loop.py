@@ -18,7 +18,8 @@ from dsdoctor.findings import all_rules
 from dsdoctor.trace.diagnose_ab import VariantResult, diagnose
 from dsdoctor.trace.multinode import nodes_of
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import summarize_rank, trace_findings
+from dsdoctor.trace.report import summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
 PPO = SCRIPTS / "ppo_loop.py"

@@ -17,7 +17,8 @@ import pytest
 
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import run_status, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from tests.helpers import SCRIPTS, deepspeed_env, free_port, run_cli
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")

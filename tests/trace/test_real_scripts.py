@@ -14,7 +14,8 @@ import pytest
 
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import clip, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import run_status, summarize_rank
+from dsdoctor.trace.run_rules import clip, trace_findings
 from tests.helpers import SCRIPTS, deepspeed_env, free_port, reached_in_time, run_cli
 
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
@@ -185,7 +186,7 @@ def test_load_peak_advice_fits_a_script_that_already_creates_hfdeepspeedconfig_f
     rec.close()
     ranks, _, findings = _read(records_dir, timed_out=False, returncode=0)
     ranks[0].peak_phase, ranks[0].peak_host_bytes = "load", 10
-    from dsdoctor.trace.report import _peak_finding
+    from dsdoctor.trace.run_rules import _peak_finding
 
     peak = _peak_finding(ranks, read_records(records_dir))
     assert "already partitioned" in peak.fix() and "build the model inside ZeRO-3" not in peak.fix()
@@ -201,7 +202,7 @@ def test_init_peak_advice_for_init_inference_never_says_split(records_dir, monke
     records = read_records(records_dir)
     ranks = [summarize_rank(r, False) for r in records]
     ranks[0].peak_phase, ranks[0].peak_host_bytes = "init", 10
-    from dsdoctor.trace.report import _peak_finding
+    from dsdoctor.trace.run_rules import _peak_finding
 
     peak = _peak_finding(ranks, records)
     assert "init_inference" in peak.fix() and "split" not in peak.fix()

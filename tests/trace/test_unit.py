@@ -17,7 +17,8 @@ from dsdoctor.trace import variants as V
 from dsdoctor.trace.diagnose_ab import VariantResult, diagnose
 from dsdoctor.trace.observer.recorder import Recorder
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import _where_in_stack, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import _where_in_stack, run_status, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from tests.helpers import ROOT, SCRIPTS, reached_in_time, run_cli
 
 TRAIN = json.loads((SCRIPTS / "train_zero3_offload.json").read_text())
@@ -340,7 +341,7 @@ def test_help_and_rules_never_import_torch():
     import subprocess
 
     code = ("import sys; from dsdoctor.cli.main import build_parser; build_parser(); import dsdoctor.findings, "
-            "dsdoctor.trace.variants, dsdoctor.trace.report, dsdoctor.trace.diagnose_ab; "
+            "dsdoctor.trace.variants, dsdoctor.trace.report, dsdoctor.trace.run_rules, dsdoctor.trace.diagnose_ab; "
             "sys.exit(1 if {'torch', 'deepspeed', 'transformers'} & set(sys.modules) else 0)")
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(ROOT / "src")), timeout=60)
     assert r.returncode == 0

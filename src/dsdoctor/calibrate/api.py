@@ -118,7 +118,7 @@ def calibrate(out=None, nvme_path=None, budget_s: float = BUDGET_S, cache: bool 
         t0 = time.time()
         try:
             res = fn()
-        except Exception as exc:  # noqa: BLE001 -- one failed measurement must not lose the others
+        except Exception as exc:  # one failed measurement must not lose the others
             why = f"failed: {type(exc).__name__}: {str(exc)[:200]}"
             for f in figures:
                 missing[f] = why

@@ -95,7 +95,7 @@ def rechecked(profile, measure=None, now: float | None = None) -> tuple:
         return profile, info
     try:
         now_s = (measure or quick_eager_layer_s)(profile.get("hbm_weight_read"))
-    except Exception as exc:  # noqa: BLE001 -- a failed re-check must not fail the plan; it is reported
+    except Exception as exc:  # a failed re-check must not fail the plan; it is reported
         info["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
         return profile, info
     if not now_s:

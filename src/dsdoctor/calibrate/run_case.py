@@ -137,7 +137,7 @@ def run(job: dict, start=None, end=None) -> dict:
     dtype = getattr(torch, TORCH_NAMES.get(job.get("dtype") or "bf16", "bfloat16"))
     try:
         cfg, model_cls = _model_class(job["config"])
-    except Exception as exc:  # noqa: BLE001 -- a model transformers cannot build is an answer, said in one line
+    except Exception as exc:  # a model transformers cannot build is an answer, said in one line
         rec["error"] = f"{type(exc).__name__}: {exc}"[:600]
         return rec
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -156,7 +156,7 @@ def run(job: dict, start=None, end=None) -> dict:
         model.eval()
         _generate_twice(torch, model, cfg, job, device, rec)
         rec.update(ok=True, observed="fits", phase="done")
-    except Exception as exc:  # noqa: BLE001 -- out of memory is an answer; anything else is recorded
+    except Exception as exc:  # out of memory is an answer; anything else is recorded
         oom = isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
         rec["observed"] = "oom" if oom else "error"
         rec["error"] = f"{type(exc).__name__}: {exc}"[:600]
@@ -170,7 +170,7 @@ def run(job: dict, start=None, end=None) -> dict:
     if engine is not None:
         try:
             engine.destroy()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return rec
 

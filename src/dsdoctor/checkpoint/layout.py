@@ -165,8 +165,42 @@ def check_tp_ranks(layout: Layout, sd: dict, path: Path) -> None:
                      hint="a rank failed to save, or the files were copied incompletely")
 
 
-def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR0912 (one branch per layout kind)
+def find_layout(ckpt_dir, tag: str | None = None) -> Layout:
     root, tag, tag_dir = find_tag_dir(ckpt_dir, tag)
+    optim, model3, model12 = _rank_files(tag_dir)
+    if not optim and (model3 or model12) and (tag_dir / "zero").is_dir():
+        return _universal_layout(root, tag, tag_dir, model3 or model12)
+    if not optim:
+        raise _no_optim(root, tag_dir, bool(model3 or model12))
+    if not model3 and not model12:
+        raise InputError("no *_model_states.pt file", path=tag_dir)
+    if model3:
+        _pair(model3, optim, tag_dir)
+    layouts = [_mp_layout(root, tag, tag_dir, mp, optim, model3, model12)
+               for mp in _mp_ranks([optim, model3 or model12], tag_dir)]
+    counts = {len(lay.optim_files) for lay in layouts}
+    if len(counts) > 1:
+        detail = ", ".join(f"mp_rank_{lay.mp_rank:02d}: {len(lay.optim_files)}" for lay in layouts)
+        raise InputError(f"the tensor-parallel ranks have different numbers of optim-states files ({detail})",
+                         path=tag_dir, hint="a rank failed to save, or the files were copied incompletely")
+    if len(layouts) == 1:
+        return layouts[0]
+    first = layouts[0]
+    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=first.optim_files, model_files=first.model_files,
+                  mp_layouts=layouts)
+
+
+def _no_optim(root: Path, tag_dir: Path, has_model: bool) -> InputError:
+    hint = ("a checkpoint saved without an optimizer (ZeRO-Inference) has no fp32 partitions and no "
+            "param_shapes, so neither dsdoctor nor zero_to_fp32 can rebuild it; save it from a training engine")
+    if not has_model:
+        hint = f"tags found: {', '.join(list_tags(root)) or 'none'}"
+    return InputError("no *_optim_states.pt files", path=tag_dir, hint=hint)
+
+
+def _rank_files(tag_dir: Path) -> tuple[dict, dict, dict]:
+    """The tag folder's optim-states, ZeRO-3 and ZeRO-1/2 model-states files by (rank, mp rank); one layout kind
+    a file name each. DeepSpeed-MoE's expert files are refused."""
     optim, model3, model12 = {}, {}, {}
     for p in sorted(tag_dir.iterdir()):
         if m := OPTIM_RE.match(p.name):
@@ -184,41 +218,20 @@ def find_layout(ckpt_dir, tag: str | None = None) -> Layout:  # noqa: C901,PLR09
                 f"a DeepSpeed-MoE checkpoint (deepspeed.moe expert files such as {p.name}, saved per expert-parallel "
                 "rank outside the ZeRO partitions): dsdoctor does not merge this format (zero_to_fp32 fails on it "
                 "too), and a merge without those files would lack every expert", path=tag_dir)
-    if not optim and (model3 or model12) and (tag_dir / "zero").is_dir():
-        return _universal_layout(root, tag, tag_dir, model3 or model12)
-    if not optim:
-        hint = ("a checkpoint saved without an optimizer (ZeRO-Inference) has no fp32 partitions and no "
-                "param_shapes, so neither dsdoctor nor zero_to_fp32 can rebuild it; save it from a training engine")
-        if not model3 and not model12:
-            hint = f"tags found: {', '.join(list_tags(root)) or 'none'}"
-        raise InputError("no *_optim_states.pt files", path=tag_dir, hint=hint)
-    if not model3 and not model12:
-        raise InputError("no *_model_states.pt file", path=tag_dir)
+    return optim, model3, model12
+
+
+def _mp_layout(root: Path, tag: str, tag_dir: Path, mp: int, optim: dict, model3: dict, model12: dict) -> Layout:
+    """The files of one tensor-parallel rank ``mp``."""
+    optim_files = _by_rank({k: v for k, v in optim.items() if k[1] == mp}, "optim-states", tag_dir)
     if model3:
-        _pair(model3, optim, tag_dir)
-    mps = _mp_ranks([optim, model3 or model12], tag_dir)
-    layouts = []
-    for mp in mps:
-        optim_files = _by_rank({k: v for k, v in optim.items() if k[1] == mp}, "optim-states", tag_dir)
-        if model3:
-            model_files = _by_rank({k: v for k, v in model3.items() if k[1] == mp}, "model-states", tag_dir)
-        else:
-            model_files = [v for k, v in model12.items() if k[1] == mp]
-            if not model_files:
-                raise InputError(f"missing mp_rank_{mp:02d}_model_states.pt (found "
-                                 f"{', '.join(p.name for p in model12.values())})", path=tag_dir)
-        layouts.append(Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=optim_files, model_files=model_files,
-                              mp_rank=mp))
-    counts = {len(lay.optim_files) for lay in layouts}
-    if len(counts) > 1:
-        detail = ", ".join(f"mp_rank_{lay.mp_rank:02d}: {len(lay.optim_files)}" for lay in layouts)
-        raise InputError(f"the tensor-parallel ranks have different numbers of optim-states files ({detail})",
-                         path=tag_dir, hint="a rank failed to save, or the files were copied incompletely")
-    if len(layouts) == 1:
-        return layouts[0]
-    first = layouts[0]
-    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=first.optim_files, model_files=first.model_files,
-                  mp_layouts=layouts)
+        model_files = _by_rank({k: v for k, v in model3.items() if k[1] == mp}, "model-states", tag_dir)
+    else:
+        model_files = [v for k, v in model12.items() if k[1] == mp]
+        if not model_files:
+            raise InputError(f"missing mp_rank_{mp:02d}_model_states.pt (found "
+                             f"{', '.join(p.name for p in model12.values())})", path=tag_dir)
+    return Layout(root=root, tag=tag, tag_dir=tag_dir, optim_files=optim_files, model_files=model_files, mp_rank=mp)
 
 
 def _universal_layout(root: Path, tag: str, tag_dir: Path, models: dict) -> Layout:

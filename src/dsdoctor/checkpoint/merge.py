@@ -192,7 +192,7 @@ def _progress(total: int, enabled: bool):
                 disable=not sys.stderr.isatty(), leave=False)
 
 
-def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",  # noqa: C901,PLR0912,PLR0915
+def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_shard_size="5GB",
           model=None, force: bool = False, progress: bool = True, merge_lora: bool = False,
           adapter_config=None, expert_layout: str = "auto") -> MergeResult:
     """Merge a DeepSpeed ZeRO checkpoint into safetensors shards + index in ``out_dir``.
@@ -230,33 +230,14 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         findings.append(Finding("DSD411", {"names": ", ".join(f"{a} = {s}" for a, s in aliases.items())}))
     from_module = [key for key, t in keyed if t.kind == "module"]
     if from_module:
-        findings.append(Finding("DSD412", {"count": len(from_module), "names": ", ".join(from_module[:5])
-                                           + (f", ... ({len(from_module) - 5} more)" if len(from_module) > 5 else "")}))
-    total = sum(t.nbytes for t in tensors)
-    to_copy = [] if adapter_file is None else [adapter_file]
-    if cfg_dir is not None:
-        for name in MODEL_FILES:
-            src = cfg_dir / name
-            if adapter_out and name in ("config.json", "generation_config.json"):
-                continue  # a base config beside adapter keys is the bug this output avoids
-            if not src.exists() and not src.is_symlink():
-                continue
-            problem = model_file_problem(src, cfg_dir)
-            if problem:
-                findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
-            else:
-                to_copy.append(src)
-    total += sum(door.copy_size(src, door.MODEL_FILE) for src in to_copy)  # bounded, not sparse: checked first
+        findings.append(Finding("DSD412", {"count": len(from_module), "names": _listed(from_module, 5)}))
+    to_copy = ([] if adapter_file is None else [adapter_file]) + _model_files(cfg_dir, adapter_out, findings)
+    # bounded, not sparse: checked first
+    total = sum(t.nbytes for t in tensors) + sum(door.copy_size(src, door.MODEL_FILE) for src in to_copy)
     no_crc = sorted({str(p.ref.path) for _, t in keyed for p in t.pieces if p.ref.record_crc is None})
     if no_crc:
-        findings.append(Finding("DSD416", {"count": len(no_crc), "files": ", ".join(Path(f).name for f in no_crc[:3])
-                                           + (f", ... ({len(no_crc) - 3} more)" if len(no_crc) > 3 else "")}))
-
-    parent = door.make_dir(out.resolve().parent, "the output's folder")
-    free = door.free_bytes(parent)
-    if free < total + DISK_MARGIN:
-        raise InputError(f"not enough free disk space: the merge writes {human_bytes(total)}, "
-                         f"{human_bytes(free)} free", path=parent)
+        findings.append(Finding("DSD416", {"count": len(no_crc), "files": _listed([Path(f).name for f in no_crc], 3)}))
+    _check_disk(out, total)
 
     def stale_found(stale):
         from dsdoctor.units import human_bytes
@@ -265,7 +246,6 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
             findings.append(Finding("DSD414", {"path": printable(p), "size": human_bytes(size)}))
 
     bar = _progress(total, progress)
-    copied: list[str] = []
     values = Values()
     try:
         with door.atomic_output_dir(out, force=force, inputs=inputs, command="merge", on_stale=stale_found) as tmp:
@@ -279,10 +259,7 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
                                            single=lora.ADAPTER_WEIGHTS if adapter_out else None, values=values)
             check_output(tmp / shards[0] if adapter_out else tmp, tensors, plan.recorded, rename, values, out,
                          experts)
-            for src in to_copy:
-                name = lora.CONFIG_NAME if src == adapter_file else src.name
-                door.copy_file(src, tmp / name, door.ADAPTER_CONFIG if src == adapter_file else door.MODEL_FILE)
-                copied.append(name)
+            copied = _copy_files(to_copy, adapter_file, tmp)
     finally:
         if bar is not None:
             bar.close()
@@ -303,6 +280,45 @@ def merge(ckpt_dir, out_dir, tag: str | None = None, dtype: str = "fp32", max_sh
         copied_files=copied, seconds=time.perf_counter() - started, findings=findings,
         tensor_parallel=plan.tp_size, source=plan.source, lora=lora_info, experts=experts,
     )
+
+
+def _copy_files(to_copy: list[Path], adapter_file, tmp: Path) -> list[str]:
+    """The model's files (the adapter's config under PEFT's name) copied into the output; their names."""
+    copied = []
+    for src in to_copy:
+        name = lora.CONFIG_NAME if src == adapter_file else src.name
+        door.copy_file(src, tmp / name, door.ADAPTER_CONFIG if src == adapter_file else door.MODEL_FILE)
+        copied.append(name)
+    return copied
+
+
+def _listed(names: list[str], limit: int) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _model_files(cfg_dir: Path | None, adapter_out: bool, findings: list[Finding]) -> list[Path]:
+    """The model's files to copy beside the weights; one that is a link out of its folder is DSD415, not copied."""
+    out = []
+    for name in MODEL_FILES if cfg_dir is not None else ():
+        src = cfg_dir / name
+        if adapter_out and name in ("config.json", "generation_config.json"):
+            continue  # a base config beside adapter keys is the bug this output avoids
+        if not src.exists() and not src.is_symlink():
+            continue
+        problem = model_file_problem(src, cfg_dir)
+        if problem:
+            findings.append(Finding("DSD415", {"file": printable(src), "problem": problem}))
+        else:
+            out.append(src)
+    return out
+
+
+def _check_disk(out: Path, total: int) -> None:
+    parent = door.make_dir(out.resolve().parent, "the output's folder")
+    free = door.free_bytes(parent)
+    if free < total + DISK_MARGIN:
+        raise InputError(f"not enough free disk space: the merge writes {human_bytes(total)}, "
+                         f"{human_bytes(free)} free", path=parent)
 
 
 def check_output(written, tensors: list[OutTensor], recorded: dict, rename, values: Values, out,

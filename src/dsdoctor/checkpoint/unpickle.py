@@ -612,7 +612,7 @@ def load(path: str | os.PathLike):
             return _load_zip(zf, fh, size, path)
 
 
-def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):  # noqa: C901,PLR0912
+def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):
     infos = {i.filename: i for i in zf.infolist()}
     pkl_names = [n for n in infos if n.endswith("/data.pkl") or n == "data.pkl"]
     if len(pkl_names) != 1:
@@ -627,7 +627,23 @@ def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):  # noqa: C901,PLR0
         fh.seek(_record(fh, byteorder, size, path))
         if fh.read(byteorder.file_size).strip() not in (b"little", b""):
             raise InputError("big-endian checkpoints are not supported", path=path)
-    info = infos[pkl_names[0]]
+    obj = _unpickle(_pickle_bytes(fh, infos[pkl_names[0]], size, path, with_crc), path)
+    records: dict[str, tuple[int, int, int | None]] = {}
+    for ref in _walk(obj):
+        key = ref.storage.key
+        if key not in records:
+            records[key] = _storage_record(fh, infos.get(f"{prefix}data/{key}"), ref, size, path, with_crc)
+        ref.path = path
+        ref.data_offset, ref.record_size, ref.record_crc = records[key]
+        end = ref.storage_offset + _span(ref)
+        if ref.storage_offset < 0 or any(d < 0 for d in ref.shape) or end > ref.storage.numel:
+            raise InputError(f"corrupt: a tensor extends past its storage data/{printable(key)}", path=path)
+        ref.__class__ = TensorRef
+    return obj
+
+
+def _pickle_bytes(fh, info: zipfile.ZipInfo, size: int, path: str, with_crc: bool) -> bytes:
+    """data.pkl's bytes, bounded, whole, with their CRC-32 checked (when the file has CRCs)."""
     if info.file_size > PKL_MAX_BYTES:
         raise InputError(f"data.pkl declares {info.file_size} bytes; the pickle of a real checkpoint is far "
                          f"smaller ({PKL_MAX_BYTES} at most); refusing to read it", path=path)
@@ -638,12 +654,17 @@ def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):  # noqa: C901,PLR0
     if with_crc and zlib.crc32(data) != info.CRC:
         raise InputError(f"corrupt: CRC-32 mismatch in record {printable(info.filename)} (the bytes on disk are "
                          "not the bytes torch.save wrote)", path=path)
+    return data
+
+
+def _unpickle(data: bytes, path: str):
+    """The pickle's object, after ``prescan`` passed it, through the allow-list unpickler only."""
     try:
         prescan(data)
     except PickleBomb as exc:
         raise InputError(f"refused to load data.pkl: {exc}", path=path) from None
     try:
-        obj = _Unpickler(io.BytesIO(data)).load()
+        return _Unpickler(io.BytesIO(data)).load()
     except RefusedGlobal as exc:
         raise InputError(
             f"refused to load: the pickle references {printable(exc)}, which is not a tensor, a container or a "
@@ -652,25 +673,19 @@ def _load_zip(zf: zipfile.ZipFile, fh, size: int, path: str):  # noqa: C901,PLR0
         raise InputError("refused to load data.pkl: it is too large or too deep to be a checkpoint", path=path) from None
     except Exception as exc:  # anything a corrupt pickle makes the allowed constructors raise
         raise InputError(f"corrupt checkpoint pickle: {type(exc).__name__}: {printable(exc)}", path=path) from None
-    records: dict[str, tuple[int, int, int | None]] = {}
-    for ref in _walk(obj):
-        key = ref.storage.key
-        if key not in records:
-            rinfo = infos.get(f"{prefix}data/{key}")
-            if rinfo is None:
-                raise InputError(f"storage record data/{printable(key)} is missing", path=path)
-            start = _record(fh, rinfo, size, path)
-            if rinfo.file_size < ref.storage.numel * ref.storage.itemsize:
-                raise InputError(f"truncated: storage data/{printable(key)} holds {rinfo.file_size} bytes, its "
-                                 f"tensor declares {ref.storage.numel * ref.storage.itemsize}", path=path)
-            records[key] = (start, rinfo.file_size, rinfo.CRC if with_crc else None)
-        ref.path = path
-        ref.data_offset, ref.record_size, ref.record_crc = records[key]
-        end = ref.storage_offset + _span(ref)
-        if ref.storage_offset < 0 or any(d < 0 for d in ref.shape) or end > ref.storage.numel:
-            raise InputError(f"corrupt: a tensor extends past its storage data/{printable(key)}", path=path)
-        ref.__class__ = TensorRef
-    return obj
+
+
+def _storage_record(fh, rinfo: zipfile.ZipInfo | None, ref, size: int, path: str,
+                    with_crc: bool) -> tuple[int, int, int | None]:
+    """(offset, size, CRC or None) of a storage's record, which holds at least what its tensor declares."""
+    key = ref.storage.key
+    if rinfo is None:
+        raise InputError(f"storage record data/{printable(key)} is missing", path=path)
+    start = _record(fh, rinfo, size, path)
+    if rinfo.file_size < ref.storage.numel * ref.storage.itemsize:
+        raise InputError(f"truncated: storage data/{printable(key)} holds {rinfo.file_size} bytes, its "
+                         f"tensor declares {ref.storage.numel * ref.storage.itemsize}", path=path)
+    return start, rinfo.file_size, rinfo.CRC if with_crc else None
 
 
 def _span(ref: TensorRef) -> int:

@@ -176,7 +176,7 @@ def expected_tensors(model) -> tuple[dict[str, tuple], list[list[str]]]:
     return {name: tuple(t.shape) for name, t in sd.items()}, groups
 
 
-def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:  # noqa: C901,PLR0912,PLR0915
+def verify(out_dir, model, reference=None, logits: bool = True) -> VerifyResult:
     """Check merged weights in ``out_dir`` against the model whose config is in ``model``. A PEFT adapter folder
     (adapter_config.json, no config.json) is checked against the base model in ``model`` instead."""
     if reference is not None and lora.is_adapter_dir(reference):

@@ -296,7 +296,7 @@ def probe_ids(vocab_size: int) -> list[int]:
 
 
 # -- the call ---------------------------------------------------------------------------------------------
-def compare(  # noqa: C901,PLR0912,PLR0915
+def compare(
     model_dir,
     model_dir_b=None,
     paths=None,
@@ -330,20 +330,7 @@ def compare(  # noqa: C901,PLR0912,PLR0915
         return _check_adapter_dir(d, base) if adapters[d] else _check_model_dir(d)
 
     spec_a = load_model_spec(checked(model_dir))
-    if paths is None:
-        paths = ("plain",) if model_dir_b is not None else ("plain", "zero3")
-    paths = _parse_paths(paths)
-    if any(adapters.values()) and paths != ["plain"]:
-        raise InputError("a PEFT adapter runs on the plain load path only", hint="pass --paths plain")
-    if model_dir_b is not None:
-        spec_b = load_model_spec(checked(model_dir_b))
-        if spec_b.vocab_size != spec_a.vocab_size:
-            raise InputError(f"vocabulary size {spec_b.vocab_size} differs from {spec_a.vocab_size} in "
-                             f"{model_dir}: not the same model", path=model_dir_b)
-        if len(paths) != 1:
-            raise InputError("with two model directories give one load path (--paths plain, for example)")
-    elif len(paths) < 2:
-        raise InputError("give at least two load paths (--paths plain,zero3), or a second model directory")
+    paths = _checked_paths(paths, model_dir, model_dir_b, spec_a, any(adapters.values()), checked)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be a positive integer, not {max_new_tokens!r}")
     if max_new_tokens > MAX_NEW_TOKENS:
@@ -351,38 +338,8 @@ def compare(  # noqa: C901,PLR0912,PLR0915
     dtype_name = normalize_dtype(dtype) if dtype else (spec_a.dtype or "fp32")
     if dtype_name not in TORCH_DTYPES:
         raise InputError(f"--dtype {dtype!r} is not one of fp32, bf16, fp16")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
-    multi = any(p in MULTI_RANK for p in paths)
-    have = visible_gpus() if multi else 0
-    ranks = (default_ranks(have) if gpus is None else gpus) if multi else (1 if gpus is None else gpus)
-    if "tp" in paths:  # a property of the inputs: checked before what this machine can run
-        for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
-            if n % ranks:
-                raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
-                                 path=spec_a.path, hint="choose --gpus that divides them")
-    if multi:
-        if have and ranks > have:
-            raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
-                             hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
-        cores = usable_cpus()
-        if not have and ranks > cores and not oversubscribe:
-            raise InputError(f"--gpus {ranks} CPU ranks but only {cores} CPU core(s) usable: each rank loads the "
-                             "whole model and they would thrash", hint="lower --gpus, or pass --oversubscribe")
-        if ranks > MAX_RANKS:
-            raise InputError(f"--gpus {ranks} is more ranks than one host runs (limit {MAX_RANKS})")
-    if prompts is None:
-        special = [spec_a.raw.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
-        prompt_ids = default_prompts(spec_a.vocab_size, special)
-    elif isinstance(prompts, (str, os.PathLike)):
-        prompt_ids = load_prompts(prompts, spec_a.vocab_size, model_dir)
-    else:
-        try:
-            prompt_ids = [[int(t) for t in p] for p in prompts]
-        except (TypeError, ValueError):
-            raise InputError("prompts must be a prompt file or lists of token ids") from None
-        if not prompt_ids or not all(prompt_ids) or any(not 0 <= t < spec_a.vocab_size for p in prompt_ids for t in p):
-            raise InputError(f"prompts must be non-empty token-id lists within the vocabulary ({spec_a.vocab_size})")
+    ranks = _ranks(paths, gpus, spec_a, oversubscribe)
+    prompt_ids = _prompt_ids(prompts, spec_a, model_dir)
 
     if model_dir_b is None:
         jobs = [(p, p, model_dir) for p in paths]
@@ -436,6 +393,71 @@ def compare(  # noqa: C901,PLR0912,PLR0915
                 r.log = str(Path(out) / Path(r.log).name)
         _write_reports(result, Path(tmp))
     return result
+
+
+def _checked_paths(paths, model_dir, model_dir_b, spec_a, adapter: bool, checked) -> list[str]:
+    """The load paths to run (default: plain and zero3; with a second directory: plain), as the inputs allow."""
+    if paths is None:
+        paths = ("plain",) if model_dir_b is not None else ("plain", "zero3")
+    paths = _parse_paths(paths)
+    if adapter and paths != ["plain"]:
+        raise InputError("a PEFT adapter runs on the plain load path only", hint="pass --paths plain")
+    if model_dir_b is not None:
+        spec_b = load_model_spec(checked(model_dir_b))
+        if spec_b.vocab_size != spec_a.vocab_size:
+            raise InputError(f"vocabulary size {spec_b.vocab_size} differs from {spec_a.vocab_size} in "
+                             f"{model_dir}: not the same model", path=model_dir_b)
+        if len(paths) != 1:
+            raise InputError("with two model directories give one load path (--paths plain, for example)")
+    elif len(paths) < 2:
+        raise InputError("give at least two load paths (--paths plain,zero3), or a second model directory")
+    return paths
+
+
+def _ranks(paths: list[str], gpus, spec_a, oversubscribe: bool) -> int:
+    """Ranks for the multi-rank paths: the model's heads divide among them, and this machine runs them."""
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise InputError(f"--gpus must be a positive integer, not {gpus!r}")
+    multi = any(p in MULTI_RANK for p in paths)
+    have = visible_gpus() if multi else 0
+    ranks = (default_ranks(have) if gpus is None else gpus) if multi else (1 if gpus is None else gpus)
+    if "tp" in paths:  # a property of the inputs: checked before what this machine can run
+        for what, n in (("attention heads", spec_a.num_heads), ("key/value heads", spec_a.num_kv_heads)):
+            if n % ranks:
+                raise InputError(f"tensor parallelism over {ranks} ranks needs {what} ({n}) divisible by {ranks}",
+                                 path=spec_a.path, hint="choose --gpus that divides them")
+    if multi:
+        _check_machine(ranks, have, oversubscribe)
+    return ranks
+
+
+def _check_machine(ranks: int, have: int, oversubscribe: bool) -> None:
+    """This machine runs ``ranks`` ranks: enough visible GPUs, or CPU cores (unless ``oversubscribe``)."""
+    if have and ranks > have:
+        raise InputError(f"--gpus {ranks} but only {have} GPU(s) visible",
+                         hint="lower --gpus, or set DS_ACCELERATOR=cpu to run the ranks on the CPU")
+    cores = usable_cpus()
+    if not have and ranks > cores and not oversubscribe:
+        raise InputError(f"--gpus {ranks} CPU ranks but only {cores} CPU core(s) usable: each rank loads the "
+                         "whole model and they would thrash", hint="lower --gpus, or pass --oversubscribe")
+    if ranks > MAX_RANKS:
+        raise InputError(f"--gpus {ranks} is more ranks than one host runs (limit {MAX_RANKS})")
+
+
+def _prompt_ids(prompts, spec_a, model_dir) -> list[list[int]]:
+    """The prompts as token ids: drawn (none given), from a prompt file, or the lists given, checked."""
+    if prompts is None:
+        special = [spec_a.raw.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
+        return default_prompts(spec_a.vocab_size, special)
+    if isinstance(prompts, (str, os.PathLike)):
+        return load_prompts(prompts, spec_a.vocab_size, model_dir)
+    try:
+        prompt_ids = [[int(t) for t in p] for p in prompts]
+    except (TypeError, ValueError):
+        raise InputError("prompts must be a prompt file or lists of token ids") from None
+    if not prompt_ids or not all(prompt_ids) or any(not 0 <= t < spec_a.vocab_size for p in prompt_ids for t in p):
+        raise InputError(f"prompts must be non-empty token-id lists within the vocabulary ({spec_a.vocab_size})")
+    return prompt_ids
 
 
 def _write_reports(result: CompareResult, directory: Path) -> None:

@@ -277,7 +277,7 @@ def read_proc(path: str, limit: int | None = None) -> bytes | None:
 def proc_lines(path: str):
     """The lines of a kernel file, streamed (``/proc/PID/maps`` of a large process); nothing if unreadable."""
     try:
-        fh = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 -- closed below
+        fh = open(path, encoding="utf-8", errors="replace")  # closed below
     except OSError:
         return
     with fh:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dsdoctor.door.read import file_kind
 from dsdoctor.door.signals import GUARD
-from dsdoctor.door.write import absolute, as_input_error, make_dir, umask
+from dsdoctor.door.write import absolute, make_dir, write_via_temp
 from dsdoctor.errors import InputError, printable
 
 # ---- scratch, probes, the cache ----------------------------------------------------------------------------------
@@ -112,24 +112,7 @@ def write_cache_file(path, text: str) -> Path:
     p = check_cache_file(path)
     parent = make_dir(p.parent, "the cache folder")
     with GUARD.active():
-        tmp = None
-        try:
-            with GUARD.deferred():
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-                os.fchmod(fd, 0o666 & ~umask())
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            with GUARD.deferred():
-                os.replace(tmp, p)
-        except BaseException as exc:
-            if tmp is not None:
-                with GUARD.deferred(raise_pending=False), contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise as_input_error(exc, p) from None
-            raise
+        write_via_temp(p, parent, text, os.replace)
     return p
 
 

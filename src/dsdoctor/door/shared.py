@@ -33,6 +33,7 @@ from dsdoctor.door.write import (
     output_lock,
     output_parent,
     special_kind,
+    stat_or_none,
     umask,
 )
 from dsdoctor.errors import InputError
@@ -74,12 +75,7 @@ def shared_root(path, command: str | None = None) -> Path:
     missing, marked when new or empty (a folder with a user's files in it stays unmarked: nothing in it is
     ever replaced then). Never replaced as a whole, so a link to a folder (shared storage) is followed."""
     p = absolute(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
+    st = stat_or_none(p)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise InputError(f"is {special_kind(st.st_mode) or 'a file'}, not a folder; a multi-node trace writes "
                          "into a folder", path=p)

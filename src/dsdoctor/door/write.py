@@ -96,19 +96,14 @@ def _named(items: list[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:  # noqa: C901,PLR0912
+def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path:
     """Raise InputError unless ``path`` may be written: a new path, or with ``force`` one dsdoctor may replace.
 
     ``kind`` is "dir" (replace only a folder holding dsdoctor's marker and nothing a user added) or "file"
     (replace only a regular file). ``inputs``: paths the command reads; the output may be none of them and
     hold none of them."""
     p = absolute(path)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
+    st = stat_or_none(p, os.lstat)
     if st is not None and stat.S_ISLNK(st.st_mode):
         target = printable(os.readlink(p))
         raise InputError(f"is a symbolic link (to {target}); dsdoctor writes to a new path or replaces its own "
@@ -117,17 +112,7 @@ def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path: 
         raise InputError(f"is {special_kind(st.st_mode)}; dsdoctor writes only new paths or regular files and "
                          "folders, even with --force", path=p)
     real = _resolved(p) or p
-    for inp in inputs:
-        if inp is None:
-            continue
-        r = _resolved(inp)
-        if r is None:
-            continue
-        if r == real:
-            raise InputError("is an input of this command; write the output somewhere else", path=p)
-        if real in r.parents:
-            raise InputError(f"holds an input of this command ({printable(inp)}); write the output somewhere else",
-                             path=p)
+    _check_no_input(p, real, inputs)
     if st is None:
         return p
     if not force:
@@ -137,22 +122,48 @@ def check_output_path(path, force: bool, inputs=(), kind: str = "dir") -> Path: 
             raise InputError(f"is {name}" if place == real else f"holds {name} ({place})", path=p,
                              hint="--force replaces a folder dsdoctor wrote; give a new path")
     if kind == "dir":
-        if not stat.S_ISDIR(st.st_mode):
-            raise InputError("is a file, not a folder dsdoctor wrote; not replacing it", path=p,
-                             hint="give a new path, or move the file yourself")
-        if not has_marker(p):
-            raise InputError(f"was not written by dsdoctor (it has no {MARKER} marker); --force replaces only "
-                             "dsdoctor's own output folders", path=p,
-                             hint="give a new path, or delete the folder yourself if you are sure")
-        foreign = foreign_entries(p)
-        if foreign:
-            raise InputError(f"holds what dsdoctor did not write there: {_named(foreign)}; --force replaces only "
-                             "dsdoctor's own files", path=p,
-                             hint="move those out first, or delete the folder yourself if you are sure")
+        _check_own_dir(p, st)
     elif not stat.S_ISREG(st.st_mode):
         raise InputError("is a folder, expected a file path" if stat.S_ISDIR(st.st_mode) else
                          "is not a regular file; not replacing it", path=p)
     return p
+
+
+def stat_or_none(p: Path, how=os.stat) -> os.stat_result | None:
+    """``how(p)`` (os.stat or os.lstat), None when nothing is there; any other failure is the user's error."""
+    try:
+        return how(p)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot check the output path: {exc.strerror}", path=p) from None
+
+
+def _check_no_input(p: Path, real: Path, inputs) -> None:
+    """The output may be none of the command's inputs and hold none of them."""
+    for inp in inputs:
+        r = _resolved(inp) if inp is not None else None
+        if r == real:
+            raise InputError("is an input of this command; write the output somewhere else", path=p)
+        if r is not None and real in r.parents:
+            raise InputError(f"holds an input of this command ({printable(inp)}); write the output somewhere else",
+                             path=p)
+
+
+def _check_own_dir(p: Path, st: os.stat_result) -> None:
+    """--force replaces a folder only when dsdoctor wrote it: its marker, and nothing a user added."""
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError("is a file, not a folder dsdoctor wrote; not replacing it", path=p,
+                         hint="give a new path, or move the file yourself")
+    if not has_marker(p):
+        raise InputError(f"was not written by dsdoctor (it has no {MARKER} marker); --force replaces only "
+                         "dsdoctor's own output folders", path=p,
+                         hint="give a new path, or delete the folder yourself if you are sure")
+    foreign = foreign_entries(p)
+    if foreign:
+        raise InputError(f"holds what dsdoctor did not write there: {_named(foreign)}; --force replaces only "
+                         "dsdoctor's own files", path=p,
+                         hint="move those out first, or delete the folder yourself if you are sure")
 
 
 def output_parent(target: Path, create: bool) -> Path:
@@ -248,28 +259,32 @@ def atomic_write_text(path, text: str, force: bool = False, inputs=(), create_pa
     parent = output_parent(p, create=create_parent)
     with GUARD.active(), output_lock(p):
         check_output_path(p, force, inputs, kind="file")  # again, under the lock
-        tmp = None
-        try:
-            with GUARD.deferred():
-                fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-                os.fchmod(fd, 0o666 & ~umask())
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            with GUARD.deferred():
-                if force:
-                    os.replace(tmp, p)
-                else:
-                    _rename_no_replace(tmp, p)
-        except BaseException as exc:
-            if tmp is not None:
-                with GUARD.deferred(raise_pending=False), contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise as_input_error(exc, p) from None
-            raise
+        write_via_temp(p, parent, text, os.replace if force else _rename_no_replace)
     return p
+
+
+def write_via_temp(p: Path, parent: Path, text: str, put) -> None:
+    """``text`` into a temporary file in ``parent`` (synced), then ``put(tmp, p)`` (a rename), each step safe from
+    signals; on any failure the temporary file is removed and an OSError is said as a user's error. Called
+    inside ``GUARD.active()``."""
+    tmp = None
+    try:
+        with GUARD.deferred():
+            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+            os.fchmod(fd, 0o666 & ~umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        with GUARD.deferred():
+            put(tmp, p)
+    except BaseException as exc:
+        if tmp is not None:
+            with GUARD.deferred(raise_pending=False), contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise as_input_error(exc, p) from None
+        raise
 
 
 def _rename_no_replace(src, dst: Path) -> None:

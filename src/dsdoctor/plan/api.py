@@ -20,7 +20,7 @@ from dsdoctor.model.moe import implementation
 from dsdoctor.model.spec import load_model_spec, spec_from_config
 from dsdoctor.plan import findings as plan_findings
 from dsdoctor.plan import recommend as rec
-from dsdoctor.plan.band import load_bands
+from dsdoctor.plan.band import Bands, archived, load_bands
 from dsdoctor.plan.ds_knobs import load_knobs
 from dsdoctor.plan.evaluate import evaluate
 from dsdoctor.plan.hardware import make_hardware
@@ -171,6 +171,11 @@ def _model_info(spec, inv, ctx: PlanContext) -> dict:
             "num_heads": spec.num_heads, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
             "vocab_size": spec.vocab_size, "tie_word_embeddings": spec.tie_word_embeddings,
             "kv_bytes_per_token": sum(ctx.shape.kv_elems_per_token) * ctx.wl.dtype_bytes}
+
+
+def allocated_upper(path: str, peak_bytes: int) -> int:
+    """The upper figure of an allocated peak of ``path``: the peak times the archived band's worst case."""
+    return Bands(archived()).for_path(path)["allocated"].upper(peak_bytes)
 
 
 def generate_peak(model_config: dict, path: str, batch: int, prompt_len: int, new_tokens: int, gpus: int = 1,

@@ -43,7 +43,7 @@ MARK = {"fits": "", "edge": " ⚠", "unverified": " ⚠"}  # beside a bar: what 
 def require_matplotlib() -> None:
     """An InputError (one line, exit 2) when matplotlib cannot be imported: checked before any work."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib
         import matplotlib.pyplot  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install
         raise InputError(f"--plot needs matplotlib, which cannot be imported here ({type(exc).__name__})",

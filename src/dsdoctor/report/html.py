@@ -53,7 +53,6 @@ def _split_row(line: str) -> list[str]:
     return [c.strip().replace("\\|", "|") for c in cells]
 
 
-_NUMBERED = re.compile(r"^\d+\. ")
 _DETAILS_OPEN = re.compile(r"<details><summary>(.*)</summary>\s*$")
 
 
@@ -63,7 +62,8 @@ def markdown_to_html(markdown: str, title: str, base: Path | None = None) -> str
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def _blocks(lines: list[str], base: Path | None, folded: bool, state: dict) -> list[str]:  # noqa: C901,PLR0912,PLR0915 (a line reader: one branch per block kind)
+def _blocks(lines: list[str], base: Path | None, folded: bool, state: dict) -> list[str]:
+    """A line reader: each block kind of the Markdown the reports write, to HTML."""
     body: list[str] = []
     depth = 1 if folded else 0  # inside <details> (a long table there stays as it is)
     i = 0
@@ -80,62 +80,72 @@ def _blocks(lines: list[str], base: Path | None, folded: bool, state: dict) -> l
             i += 1
             continue
         if line.startswith(">"):
-            inner = []
-            while i < len(lines) and lines[i].startswith(">"):
-                inner.append(re.sub(r"^> ?", "", lines[i]))
-                i += 1
-            state["quotes"] += 1
-            ident = ' id="summary" class="summary"' if state["quotes"] == 1 else ""
-            body.append(f"<blockquote{ident}>" + "\n".join(_blocks(inner, base, True, state)) + "</blockquote>")
-            continue
-        if line.startswith("```"):
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            body.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
-            i = j + 1
-            continue
-        m = re.match(r"(#{1,6}) (.*)", line)
-        if m:
-            n = len(m.group(1))
-            body.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
-        elif (m := re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())):
-            body.append(_image(m.group(1), m.group(2), base))
+            block, i = _quote(lines, i, base, state)
+        elif line.startswith("```"):
+            j = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
+            block, i = "<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>", j + 1
         elif line.startswith("|") and i + 1 < len(lines) and re.match(r"\|[-:| ]+\|?$", lines[i + 1].strip()):
-            head = _split_row(line)
-            rows = []
-            i += 2
-            while i < len(lines) and lines[i].startswith("|"):
-                rows.append(_split_row(lines[i]))
-                i += 1
-            th = "".join(f"<th{_whole(c)}>{_inline(c)}</th>" for c in head)
-            trs = "".join("<tr>" + "".join(f"<td{_whole(c)}>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
-            table = f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
-            if len(rows) > FOLD_ROWS and depth == 0:
-                table = f"<details><summary>{len(rows)} rows</summary>{table}</details>"
-            body.append(table)
-            continue
+            block, i = _table(lines, i, depth)
         elif re.match(r"\d+\. ", line):
-            items = []
-            while i < len(lines) and re.match(r"\d+\. ", lines[i]):
-                items.append("<li>" + _inline(_NUMBERED.sub("", lines[i])) + "</li>")
-                i += 1
-            body.append("<ol>" + "".join(items) + "</ol>")
-            continue
+            block, i = _list(lines, i, r"\d+\. ", "ol")
         elif re.match(r"\s*[-*] ", line):
-            items = []
-            while i < len(lines) and re.match(r"\s*[-*] ", lines[i]):
-                item = re.sub(r"^\s*[-*] ", "", lines[i])
-                items.append(f"<li>{_inline(item)}</li>")
-                i += 1
-            body.append("<ul>" + "".join(items) + "</ul>")
-            continue
-        elif line.strip():
-            para = [line]
-            while i + 1 < len(lines) and lines[i + 1].strip() and \
-                    not re.match(r"(#|\||```|\s*[-*] |!\[|>|\d+\. |</?details)", lines[i + 1]):
-                i += 1
-                para.append(lines[i])
-            body.append(f"<p>{_inline(' '.join(para))}</p>")
-        i += 1
+            block, i = _list(lines, i, r"\s*[-*] ", "ul")
+        else:
+            block, i = _line_block(lines, i, base)
+        if block:
+            body.append(block)
     return body
+
+
+def _quote(lines: list[str], i: int, base: Path | None, state: dict) -> tuple[str, int]:
+    """A block quote (the first of a report is its summary box), its inside read as blocks."""
+    inner = []
+    while i < len(lines) and lines[i].startswith(">"):
+        inner.append(re.sub(r"^> ?", "", lines[i]))
+        i += 1
+    state["quotes"] += 1
+    ident = ' id="summary" class="summary"' if state["quotes"] == 1 else ""
+    return f"<blockquote{ident}>" + "\n".join(_blocks(inner, base, True, state)) + "</blockquote>", i
+
+
+def _table(lines: list[str], i: int, depth: int) -> tuple[str, int]:
+    """A table (its head, the rule under it, its rows); a long one folded outside <details>."""
+    head = _split_row(lines[i])
+    rows = []
+    i += 2
+    while i < len(lines) and lines[i].startswith("|"):
+        rows.append(_split_row(lines[i]))
+        i += 1
+    th = "".join(f"<th{_whole(c)}>{_inline(c)}</th>" for c in head)
+    trs = "".join("<tr>" + "".join(f"<td{_whole(c)}>{_inline(c)}</td>" for c in r) + "</tr>" for r in rows)
+    table = f"<table><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+    if len(rows) > FOLD_ROWS and depth == 0:
+        table = f"<details><summary>{len(rows)} rows</summary>{table}</details>"
+    return table, i
+
+
+def _list(lines: list[str], i: int, marker: str, tag: str) -> tuple[str, int]:
+    """A numbered (``ol``) or bulleted (``ul``) list: the lines that start with ``marker``."""
+    items = []
+    while i < len(lines) and re.match(marker, lines[i]):
+        items.append(f"<li>{_inline(re.sub('^' + marker, '', lines[i]))}</li>")
+        i += 1
+    return f"<{tag}>" + "".join(items) + f"</{tag}>", i
+
+
+def _line_block(lines: list[str], i: int, base: Path | None) -> tuple[str, int]:
+    """A heading, an image, a paragraph (up to the next line that starts another block), or a blank line."""
+    line = lines[i]
+    if (m := re.match(r"(#{1,6}) (.*)", line)):
+        n = len(m.group(1))
+        return f"<h{n}>{_inline(m.group(2))}</h{n}>", i + 1
+    if (m := re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip())):
+        return _image(m.group(1), m.group(2), base), i + 1
+    if not line.strip():
+        return "", i + 1
+    para = [line]
+    while i + 1 < len(lines) and lines[i + 1].strip() and \
+            not re.match(r"(#|\||```|\s*[-*] |!\[|>|\d+\. |</?details)", lines[i + 1]):
+        i += 1
+        para.append(lines[i])
+    return f"<p>{_inline(' '.join(para))}</p>", i + 1

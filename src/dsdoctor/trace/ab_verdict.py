@@ -49,7 +49,7 @@ def plan_breakdown(shape: dict) -> dict | None:
         dtype = {"fp32": "fp32", "fp16": "fp16"}.get(shape.get("dtype") or "", None)
         mem = generate_peak(shape["model_config"], path, int(shape["batch"]), int(shape["prompt_len"]),
                             int(shape["new_tokens"]), gpus=world, dtype=dtype)
-    except Exception:  # noqa: BLE001 -- an unknown architecture: no attribution, the verdict still stands
+    except Exception:  # an unknown architecture: no attribution, the verdict still stands
         return None
     return None if mem is None else {"path": mem.name, "peak": mem.gpu_peak_bytes, "parts": mem.gpu_breakdown,
                                      "gathered_per_step": mem.gathered_bytes_per_step}

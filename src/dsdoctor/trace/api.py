@@ -20,7 +20,8 @@ from dsdoctor.trace.end_state import end_state_variants
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.loop_rules import follow_measurement
 from dsdoctor.trace.records import read_records
-from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import TraceResult, run_status, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 from dsdoctor.trace.variants import parse_variants
 
 

@@ -22,12 +22,11 @@ def fits(shape: dict, path: str, gpu_total: int) -> bool:
     """The upper figure of plan's allocated generate peak of ``path`` for the traced shape (the peak times its
     measured band's worst case, plan/band.py) is within FILL of the GPU."""
     try:
-        from dsdoctor.plan.api import generate_peak
-        from dsdoctor.plan.band import Bands, archived
+        from dsdoctor.plan.api import allocated_upper, generate_peak
 
         dtype = {"fp32": "fp32", "fp16": "fp16"}.get(shape.get("dtype") or "", None)
         mem = generate_peak(shape["model_config"], path, int(shape["batch"]), int(shape["prompt_len"]),
                             int(shape["new_tokens"]), gpus=max(int(shape.get("world_size") or 1), 1), dtype=dtype)
-    except Exception:  # noqa: BLE001 -- an architecture plan does not model: no end state is guessed
+    except Exception:  # an architecture plan does not model: no end state is guessed
         return False
-    return mem is not None and Bands(archived()).for_path(path)["allocated"].upper(mem.gpu_peak_bytes) <= FILL * gpu_total
+    return mem is not None and allocated_upper(path, mem.gpu_peak_bytes) <= FILL * gpu_total

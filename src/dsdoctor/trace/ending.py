@@ -106,7 +106,7 @@ def _read_stack(path: Path | None) -> str:
         return ""
     try:
         return door.read_text(path, door.STACK_DUMP, errors="replace")
-    except Exception:  # noqa: BLE001 -- a rank that ended meanwhile: no stack, no evidence
+    except Exception:  # a rank that ended meanwhile: no stack, no evidence
         return ""
 
 

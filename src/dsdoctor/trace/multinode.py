@@ -34,7 +34,8 @@ from dsdoctor.report.render import to_json
 from dsdoctor.trace import ending
 from dsdoctor.trace.launch import run_command
 from dsdoctor.trace.records import RankRecord, read_records
-from dsdoctor.trace.report import TraceResult, run_status, summarize_rank, trace_findings
+from dsdoctor.trace.report import TraceResult, run_status, summarize_rank
+from dsdoctor.trace.run_rules import trace_findings
 
 _TORCHRUN = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 DEFAULT_WAIT_S = 600.0

@@ -160,7 +160,7 @@ def valid_event(ev) -> dict | None:
     return ev
 
 
-def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
+def read_rank(path: Path) -> RankRecord | None:
     rec = None
     open_phases: dict[tuple[str, int], PhaseRecord] = {}
     for line in door.iter_lines(path, door.TRACE_RECORD):
@@ -179,9 +179,7 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
         if rec is None:
             continue
         rec.t_last = ev.get("t", rec.t_last)
-        if kind == "samples":
-            rec.samples.extend(ev.get("data") or [])
-        elif kind == "phase_start":
+        if kind == "phase_start":
             ph = PhaseRecord(name=ev["phase"], index=int(ev.get("index") or 0), t_start=ev["t"],
                              host_rss_start=ev.get("host_rss"))
             ph.info = {k: v for k, v in ev.items() if k not in _START_KEYS}
@@ -190,31 +188,9 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
             rec.gap_peaks.append((ev["t"], ev.get("gap_peak_host_rss"),
                                   ev.get("gap_peak_gpu_reserved")))
         elif kind == "phase_end":
-            ph = open_phases.pop((ev.get("phase"), int(ev.get("index") or 0)), None)
-            if ph is None:
-                continue
-            ph.t_end = ev["t"]
-            for key in ("duration_s", "peak_gpu_allocated", "peak_gpu_reserved", "gpu_used_device", "gpu_total",
-                        "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
-                setattr(ph, key, ev.get(key))
-            ph.host_rss_end = ev.get("host_rss")
-            for key in ("engine", "model", "forwards", "new_tokens_per_seq", "moe_gathers"):
-                if ev.get(key) is not None:
-                    ph.info[key] = ev[key]
-        elif kind == "config":
-            rec.configs.append(ev)
-        elif kind == "model":
-            rec.models.append(ev)
-        elif kind == "zero_shards_to_init_inference":
-            rec.shard_loads.extend(ev.get("files") or [])
-        elif kind == "train":
-            rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
-        elif kind == "expert" and all(isinstance(ev.get(k), int) for k in ("forward", "layer", "expert")):
-            rec.experts.append((ev["forward"], ev["layer"], ev["expert"]))
-        elif kind == "uncaught":
-            rec.uncaught = ev.get("error")
-        elif kind == "exit":
-            rec.exited = True
+            _end_phase(open_phases.pop((ev.get("phase"), int(ev.get("index") or 0)), None), ev)
+        else:
+            _take_event(rec, kind, ev)
     if rec is None:
         return None
     _mark_repeated(rec.phases)
@@ -222,6 +198,40 @@ def read_rank(path: Path) -> RankRecord | None:  # noqa: C901,PLR0912
     if stack.is_file():
         rec.stack = door.read_text(stack, door.STACK_DUMP, errors="replace").strip() or None
     return rec
+
+
+def _end_phase(ph: PhaseRecord | None, ev: dict) -> None:
+    """A phase_end event into its phase (none: an end without its start, dropped)."""
+    if ph is None:
+        return
+    ph.t_end = ev["t"]
+    for key in ("duration_s", "peak_gpu_allocated", "peak_gpu_reserved", "gpu_used_device", "gpu_total",
+                "peak_host_rss", "pinned_host_bytes", "new_tokens", "error"):
+        setattr(ph, key, ev.get(key))
+    ph.host_rss_end = ev.get("host_rss")
+    for key in ("engine", "model", "forwards", "new_tokens_per_seq", "moe_gathers"):
+        if ev.get(key) is not None:
+            ph.info[key] = ev[key]
+
+
+def _take_event(rec: RankRecord, kind: str, ev: dict) -> None:
+    """Every other event into the rank's record."""
+    if kind == "samples":
+        rec.samples.extend(ev.get("data") or [])
+    elif kind == "config":
+        rec.configs.append(ev)
+    elif kind == "model":
+        rec.models.append(ev)
+    elif kind == "zero_shards_to_init_inference":
+        rec.shard_loads.extend(ev.get("files") or [])
+    elif kind == "train":
+        rec.train.append({"t": ev.get("t"), "kind": ev.get("kind"), "duration_s": ev.get("duration_s")})
+    elif kind == "expert" and all(isinstance(ev.get(k), int) for k in ("forward", "layer", "expert")):
+        rec.experts.append((ev["forward"], ev["layer"], ev["expert"]))
+    elif kind == "uncaught":
+        rec.uncaught = ev.get("error")
+    elif kind == "exit":
+        rec.exited = True
 
 
 def _mark_repeated(phases: list[PhaseRecord]) -> None:
