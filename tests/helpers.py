@@ -144,3 +144,45 @@ def deepspeed_launch(script: Path, *args: str, nprocs: int = 2, timeout: float =
     launcher = Path(sys.executable).parent / "deepspeed"
     cmd = [str(launcher), "--num_gpus", str(nprocs), "--master_port", str(free_port()), str(script), *map(str, args)]
     return run_process(cmd, env=deepspeed_env(env), cwd=cwd, timeout=timeout)
+
+
+def created_peak(call, *args, known=(), **kwargs) -> int:
+    """Bytes of the tensor storages ``call(*args, **kwargs)`` creates that are alive at once at their peak: a
+    dispatch mode sees each op's outputs, a storage lives while any tensor of it does, and storages in ``known``
+    (the tensors passed in, a model's parameters) are not counted. The CPU stand-in for the allocator's peak."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    skip = {t.untyped_storage().data_ptr() for t in known}
+
+    class Live(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.refs, self.size, self.cur, self.peak = {}, {}, 0, 0
+
+        def _drop(self, key):
+            self.refs[key] -= 1
+            if not self.refs[key]:
+                self.cur -= self.size.pop(key)
+                del self.refs[key]
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in skip:
+                    key = t.untyped_storage().data_ptr()
+                    if key not in self.refs:
+                        self.refs[key], self.size[key] = 0, t.untyped_storage().nbytes()
+                        self.cur += self.size[key]
+                    self.refs[key] += 1
+                    weakref.finalize(t, self._drop, key)
+                    self.peak = max(self.peak, self.cur)
+            return out
+
+    mode = Live()
+    with torch.no_grad(), mode:
+        call(*args, **kwargs)
+    return mode.peak
+

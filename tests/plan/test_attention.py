@@ -5,7 +5,6 @@ tensor: 2 x 64 x 8192 x 8192 x 2 bytes) where plan had predicted a 6.9 GiB peak 
 from __future__ import annotations
 
 import json
-import weakref
 
 import pytest
 
@@ -14,47 +13,11 @@ from dsdoctor.model.inventory import inventory_from_dict, inventory_to_dict
 from dsdoctor.model.spec import spec_from_config
 from dsdoctor.plan.schedule import eager_scores
 from dsdoctor.plan.shape import model_shape
-from tests.helpers import ROOT
+from tests.helpers import ROOT, created_peak
 
 ARCH = ROOT / "tests" / "data" / "arch_configs"
 TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
             head_dim=32, vocab_size=64, max_position_embeddings=4096, eos_token_id=1, bos_token_id=1, pad_token_id=0)
-
-
-def _created_peak(call, *args, **kwargs) -> int:
-    """Bytes of the tensor storages ``call`` creates that are alive at once at their peak (a dispatch mode sees
-    each op's outputs; a storage lives while any tensor of it does): the CPU stand-in for the allocator's peak."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Live(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.refs, self.size, self.cur, self.peak = {}, {}, 0, 0
-
-        def _drop(self, key):
-            self.refs[key] -= 1
-            if not self.refs[key]:
-                self.cur -= self.size.pop(key)
-                del self.refs[key]
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor):
-                    key = t.untyped_storage().data_ptr()
-                    if key not in self.refs:
-                        self.refs[key], self.size[key] = 0, t.untyped_storage().nbytes()
-                        self.cur += self.size[key]
-                    self.refs[key] += 1
-                    weakref.finalize(t, self._drop, key)
-                    self.peak = max(self.peak, self.cur)
-            return out
-
-    mode = Live()
-    with torch.no_grad(), mode:
-        call(*args, **kwargs)
-    return mode.peak
 
 
 @pytest.mark.parametrize(("name", "expected"), [("gpt-oss-20b", "eager-sinks"), ("qwen2-7b", "sdpa"),
@@ -107,6 +70,6 @@ def test_eager_scores_match_what_the_eager_function_creates(model_type, kind):
         q = torch.randn(2, 4, seq, 32, dtype=torch.bfloat16)
         k, v = torch.randn_like(q), torch.randn_like(q)
         mask = torch.zeros(2, 1, seq, seq, dtype=torch.bfloat16)
-        measured = _created_peak(module.eager_attention_forward, attn, q, k, v, mask, scaling=0.1)
+        measured = created_peak(module.eager_attention_forward, attn, q, k, v, mask, scaling=0.1, known=[q, k, v, mask])
         predicted = eager_scores(shape, 2, seq, seq, 2) - 2 * seq * seq * 2  # the mask is the caller's here
         assert predicted == pytest.approx(measured, rel=0.01), (model_type, seq)

@@ -2,7 +2,6 @@
 (speed), DSD226 with the figures, DSD118 under a transformers whose blocks skip unchosen experts, and the routing
 and dispatch buffers of transformers 5's grouped_mm experts in the allocated peak (measured on CPU per family)."""
 import json
-import weakref
 
 import pytest
 
@@ -15,7 +14,7 @@ from dsdoctor.plan.schedule import _layer_levels
 from dsdoctor.plan.shape import model_shape
 from dsdoctor.plan.speed import StepTerms, _decode_terms, expert_elems, figures_for
 from dsdoctor.plan.workload import make_workload
-from tests.helpers import ROOT
+from tests.helpers import ROOT, created_peak
 
 ARCH = ROOT / "tests" / "data" / "arch_configs"
 Z3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
@@ -89,43 +88,11 @@ TINY = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, n
 
 
 def _measured_block_peak(model, tokens: int) -> int:
-    """Bytes of every tensor storage a MoE block's forward creates, alive at once at their peak (a dispatch mode
-    that sees each op's outputs; a storage lives while any tensor of it does)."""
+    """Bytes of every tensor storage a MoE block's forward creates, alive at once at their peak."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Live(TorchDispatchMode):
-        def __init__(self, known):
-            super().__init__()
-            self.known, self.refs, self.size, self.cur, self.peak = known, {}, {}, 0, 0
-
-        def _drop(self, key):
-            self.refs[key] -= 1
-            if not self.refs[key]:
-                self.cur -= self.size.pop(key)
-                del self.refs[key]
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else [out]:
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.known:
-                    key = t.untyped_storage().data_ptr()
-                    if key not in self.refs:
-                        self.refs[key], self.size[key] = 0, t.untyped_storage().nbytes()
-                        self.cur += self.size[key]
-                    self.refs[key] += 1
-                    weakref.finalize(t, self._drop, key)
-                    self.peak = max(self.peak, self.cur)
-            return out
-
-    block = model.model.layers[0].mlp
     x = torch.randn(1, tokens, model.config.hidden_size, dtype=torch.bfloat16)
-    known = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), x]}
-    with torch.no_grad():
-        mode = Live(known)
-        with mode:
-            block(x)
-    return mode.peak
+    return created_peak(model.model.layers[0].mlp, x, known=[*model.parameters(), *model.buffers(), x])
 
 
 FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "gpt_oss"]
